@@ -1,0 +1,1 @@
+"""One module per ``sv-attention`` subcommand (see :mod:`sv_attention.cli`)."""
