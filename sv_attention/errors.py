@@ -75,3 +75,12 @@ class VersionMismatchError(SVAttentionError, RuntimeError):
 
 class NetworkUnavailableError(SVAttentionError, RuntimeError):
     """An operation needs the network (e.g. pushing to the Hub) and the network is unreachable."""
+
+
+class TrainingDivergedError(SVAttentionError, RuntimeError):
+    """Training produced a non-finite loss (lower the learning rate or lengthen the warm-up)."""
+
+
+class HopCacheError(InvalidInputError):
+    """A ceq hop cache does not match the call (its length is not kv_len - q_len, or the batch / heads /
+    operator / hops differ from what filled it): reset the cache and prefill again."""
