@@ -1,0 +1,66 @@
+"""Figures of the experiments, drawn from their JSON payloads (matplotlib, Agg backend).
+
+:func:`draw` dispatches on the experiment name; every figure is a PNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from sv_attention.errors import InvalidInputError  # noqa: E402
+
+_DRAWERS: dict[str, Callable[[dict[str, Any], Any], None]] = {}
+
+
+def _register(name: str) -> Callable:
+    def deco(fn: Callable) -> Callable:
+        _DRAWERS[name] = fn
+        return fn
+    return deco
+
+
+def draw(name: str, payload: dict[str, Any], path: str | Path) -> Path:
+    """Draw experiment ``name``'s figure from its payload into ``path`` (PNG). Returns the path."""
+    fn = _DRAWERS.get(name)
+    if fn is None:
+        raise InvalidInputError(f"no figure for experiment {name!r}; known: {sorted(_DRAWERS)}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = plt.figure(figsize=(9, 3.6))
+    try:
+        fn(payload, fig)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _floor(x: float, eps: float = 1e-17) -> float:
+    return max(float(x), eps)
+
+
+@_register("secret")
+def _secret(p: dict[str, Any], fig: Any) -> None:
+    s = p["summary"]
+    gam = list(s["decay"])
+    labels = ["before", "exact delete"] + [f"decay {g}" for g in gam]
+    ret = [s["retrieval_before"], s["retrieval_after_exact"]] + [s["decay"][g]["retrieval"] for g in gam]
+    dev = [None, s["max_readout_deviation_exact"]] + [s["decay"][g]["deviation_mean"] for g in gam]
+    ax1, ax2 = fig.subplots(1, 2)
+    ax1.bar(labels, ret, color=["gray", "tab:green"] + ["tab:orange"] * len(gam))
+    ax1.set_ylabel("secret retrieved (fraction of probes)")
+    ax1.set_ylim(0, 1)
+    ax1.tick_params(axis="x", rotation=30)
+    ax2.bar(labels[1:], [_floor(x) for x in dev[1:]], color=["tab:green"] + ["tab:orange"] * len(gam))
+    ax2.set_yscale("log")
+    ax2.set_ylabel("readout deviation from never-saw-it layer")
+    ax2.tick_params(axis="x", rotation=30)
+    fig.suptitle(f"Planted secret ({p['parameters']['trials']} trials)")
