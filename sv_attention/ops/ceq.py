@@ -1,0 +1,630 @@
+"""ceq: the signed causal path-sum operator family (DESIGN §2.6).
+
+A is a strictly lower-triangular (j < i), signed ``[b, h, q, kv]`` matrix built from the logits
+``w = q k^T * scaling`` (``scaling = 1/sqrt(d)`` unless given):
+
+``sgate`` (default; rho = 1.5, lam = 0.10, hops = 2)
+    ``A = rho * (softmax(w) - lam * softmax(-w)) / (1 + lam)``, both softmaxes over the strictly-causal,
+    non-padded keys; a row with no such key is exactly 0. Rows with keys sum to ``rho (1-lam)/(1+lam)``.
+``signed`` (rho = 0.9, hops = 3)
+    ``A = rho * w / sum_j |w_ij|`` over the same keys (a row whose visible logits are all 0 is 0).
+
+Forms (:func:`ceq_attention`):
+
+``hybrid``
+    ``stock_attention(q, k, v) + sum_{h=1..K} (alpha A)^h v``; ``alpha = 0`` returns the stock
+    attention bitwise (the stock path *is* transformers' ``sdpa_attention_forward``).
+``path_sum``
+    ``(I + A + ... + A^K) v``.
+
+A^h is never materialised: A is applied to v repeatedly, ``y_h = A y_{h-1}``, ``y_0 = v``. Because A is
+strictly lower-triangular, one block of query rows of A is enough to advance *every* hop for those
+rows (``y_h`` rows ``< i`` are already final when row i is reached), so the fast path builds A one
+row-block at a time (``chunk_size`` rows) and never holds more than ``chunk_size x kv`` of it. In
+training the custom autograd function :class:`CeqHopsFunction` saves only q, k, v and the hop outputs
+(``O(s d)`` each) and recomputes each row block of A in backward, walking the blocks in reverse.
+:func:`ceq_attention_reference` is the plain dense version beside it (materialises A, autograd).
+
+Queries may be the last ``q_len`` positions of a longer key sequence (decoding): query row r sits at
+absolute position ``kv_len - q_len + r``. The hop history of earlier positions then comes from a
+:class:`sv_attention.ops.hop_cache.HopCache` (see :func:`sv_attention.ops.hop_cache.ceq_attention_cached`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from sv_attention.errors import ConfigError, InvalidHyperparameterError, InvalidInputError, MaskError
+from sv_attention.ops.masking import causal_mask, to_bool_mask
+
+OPERATORS = ("sgate", "signed")
+FORMS = ("hybrid", "path_sum")
+DEFAULTS: dict[str, dict[str, float | int]] = {
+    "sgate": {"rho": 1.5, "lam": 0.10, "hops": 2},
+    "signed": {"rho": 0.9, "hops": 3},
+}
+DEFAULT_CHUNK = 128
+
+
+# ----------------------------------------------------------------------------------------------------------
+# argument checking
+# ----------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CeqParams:
+    """Resolved operator hyperparameters.
+
+    Attributes
+    ----------
+    operator : str
+        ``"sgate"`` or ``"signed"``.
+    rho : float
+        Overall gain of A.
+    lam : float
+        Weight of the negative softmax (sgate only; 0.0 for signed).
+    hops : int
+        Number of hops K >= 1.
+    """
+
+    operator: str
+    rho: float
+    lam: float
+    hops: int
+
+
+def resolve_params(operator: str = "sgate", rho: float | None = None, lam: float | None = None,
+                   hops: int | None = None) -> CeqParams:
+    """Fill operator defaults and validate.
+
+    Parameters
+    ----------
+    operator : {"sgate", "signed"}
+    rho : float, optional
+        Gain; default 1.5 (sgate) / 0.9 (signed). Must be finite.
+    lam : float, optional
+        sgate only; in [0, inf), default 0.10. Passing ``lam`` to ``signed`` is a :class:`ConfigError`.
+    hops : int, optional
+        K >= 1; default 2 (sgate) / 3 (signed).
+
+    Raises
+    ------
+    ConfigError
+        Unknown operator, or ``lam`` given for ``signed``.
+    InvalidHyperparameterError
+        Non-finite rho, negative lam, hops < 1.
+    """
+    if operator not in OPERATORS:
+        raise ConfigError(f"unknown ceq operator {operator!r}; choose one of {OPERATORS}")
+    d = DEFAULTS[operator]
+    if operator == "signed" and lam is not None:
+        raise ConfigError("lam belongs to the 'sgate' operator; do not pass it with operator='signed'")
+    rho = float(d["rho"] if rho is None else rho)
+    lam = float(d.get("lam", 0.0) if lam is None else lam)
+    hops_v = d["hops"] if hops is None else hops
+    if not math.isfinite(rho):
+        raise InvalidHyperparameterError(f"rho must be finite, got {rho}")
+    if not math.isfinite(lam) or lam < 0:
+        raise InvalidHyperparameterError(f"lam must be finite and >= 0, got {lam}")
+    if isinstance(hops_v, bool) or int(hops_v) != hops_v or int(hops_v) < 1:
+        raise InvalidHyperparameterError(f"hops must be an integer >= 1, got {hops_v!r}")
+    return CeqParams(operator, rho, lam, int(hops_v))
+
+
+def truncation_bound(rho: float, hops: int) -> float:
+    """Bound on the tail ``sum_{h > K} rho^h = rho^(K+1) / (1 - rho)`` dropped by a K-hop path sum.
+
+    Valid when every row of A has absolute sum <= rho (sgate with lam = 0, signed), so
+    ``||A^h||_inf <= rho^h``.
+
+    Parameters
+    ----------
+    rho : float
+        In [0, 1).
+    hops : int
+        K >= 0.
+
+    Raises
+    ------
+    InvalidHyperparameterError
+        rho >= 1 (the geometric tail diverges: no bound), rho < 0, or hops < 0.
+    """
+    rho = float(rho)
+    if not math.isfinite(rho) or rho >= 1.0:
+        raise InvalidHyperparameterError(
+            f"truncation_bound needs rho < 1 (the tail sum rho^(K+1)/(1-rho) diverges), got rho={rho}")
+    if rho < 0:
+        raise InvalidHyperparameterError(f"rho must be >= 0, got {rho}")
+    if isinstance(hops, bool) or int(hops) != hops or hops < 0:
+        raise InvalidHyperparameterError(f"hops must be an integer >= 0, got {hops!r}")
+    return rho ** (int(hops) + 1) / (1.0 - rho)
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> tuple[int, int, int, int, int]:
+    """Validate shapes; return ``(b, h, h_kv, q_len, kv_len)``."""
+    for name, t in (("q", q), ("k", k)) + ((("v", v),) if v is not None else ()):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise InvalidInputError(f"{name} must be 4-D [batch, heads, seq, dim], got shape {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise InvalidInputError(f"{name} must be floating point, got {t.dtype}")
+    b, h, q_len, d = q.shape
+    if k.shape[0] != b or k.shape[-1] != d:
+        raise InvalidInputError(f"k shape {tuple(k.shape)} does not match q shape {tuple(q.shape)} (batch / dim)")
+    h_kv, kv_len = k.shape[1], k.shape[2]
+    if h_kv < 1 or h % h_kv != 0:
+        raise InvalidInputError(f"query heads ({h}) must be a multiple of key/value heads ({h_kv}) (GQA)")
+    if q_len > kv_len:
+        raise InvalidInputError(f"q_len={q_len} exceeds kv_len={kv_len}: queries must be the last key positions")
+    if v is not None and (v.shape[:3] != k.shape[:3]):
+        raise InvalidInputError(f"v shape {tuple(v.shape)} does not match k shape {tuple(k.shape)} in [b, h_kv, s]")
+    if q.dtype != k.dtype or (v is not None and v.dtype != q.dtype):
+        raise InvalidInputError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {None if v is None else v.dtype}")
+    return b, h, h_kv, q_len, kv_len
+
+
+def allowed_mask(mask: torch.Tensor | None, q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+    """Boolean ``[b|1, h|1, q_len, kv_len]``: key j visible to query row r (strictly causal, not masked).
+
+    Query row r sits at absolute position ``kv_len - q_len + r``; visibility needs ``j < position`` and
+    the caller's mask (any form :func:`sv_attention.ops.masking.to_bool_mask` accepts).
+    """
+    strict = causal_mask(q_len, kv_len, device=device, strict=True)[None, None]
+    bm = to_bool_mask(mask, q_len, kv_len)
+    if bm is None:
+        return strict
+    return bm.to(device) & strict
+
+
+def visible_block(bm: torch.Tensor | None, off: int, r0: int, r1: int, e: int,
+                  device: torch.device) -> torch.Tensor:
+    """Visibility of keys ``[0, e)`` for query rows ``[r0, r1)`` (positions ``off + r``): strict causality
+    and the caller's boolean mask ``bm`` (``[b|1, h|1, q_len|1, kv_len]`` or None). Shape
+    ``[b|1, h|1, r1 - r0, e]``; built per row block so no ``[s, s]`` mask is kept."""
+    pos = torch.arange(off + r0, off + r1, device=device)[:, None]
+    vis = (torch.arange(e, device=device)[None, :] < pos)[None, None]
+    if bm is None:
+        return vis
+    rows = bm[..., :, :e] if bm.shape[-2] == 1 else bm[..., r0:r1, :e]
+    return vis & rows.to(device)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """``[b, h_kv, s, d] -> [b, h_kv * n_rep, s, d]`` (head ``i`` reads kv head ``i // n_rep``)."""
+    if n_rep == 1:
+        return x
+    b, hkv, s, d = x.shape
+    return x[:, :, None].expand(b, hkv, n_rep, s, d).reshape(b, hkv * n_rep, s, d)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the matrix A (plain reference; autograd differentiates it)
+# ----------------------------------------------------------------------------------------------------------
+def _masked_softmax(w: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Softmax over allowed entries; rows without any allowed entry are exactly 0 (no NaN)."""
+    neg = torch.finfo(w.dtype).min
+    wm = w.masked_fill(~allowed, neg)
+    m = wm.amax(dim=-1, keepdim=True).detach()
+    e = torch.exp(wm - m) * allowed
+    z = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(z > 0, z, torch.ones_like(z))
+
+
+def a_from_logits(w: torch.Tensor, allowed: torch.Tensor, params: CeqParams) -> torch.Tensor:
+    """A from scaled logits ``w [b, h, q, kv]`` and the visibility mask (plain, autograd-friendly)."""
+    if params.operator == "sgate":
+        pp = _masked_softmax(w, allowed)
+        pm = _masked_softmax(-w, allowed)
+        return (params.rho / (1.0 + params.lam)) * (pp - params.lam * pm)
+    wt = w * allowed
+    s = wt.abs().sum(dim=-1, keepdim=True)
+    return params.rho * wt / torch.where(s > 0, s, torch.ones_like(s))
+
+
+def _scale(d: int, scaling: float | None) -> float:
+    if scaling is None:
+        return 1.0 / math.sqrt(d)
+    scaling = float(scaling)
+    if not math.isfinite(scaling):
+        raise InvalidHyperparameterError(f"scaling must be finite, got {scaling}")
+    return scaling
+
+
+def ceq_matrix(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None, *, operator: str = "sgate",
+               rho: float | None = None, lam: float | None = None, scaling: float | None = None) -> torch.Tensor:
+    """The ceq matrix A, materialised (reference / inspection; differentiable by autograd).
+
+    Parameters
+    ----------
+    q : Tensor ``[b, h, q_len, d]``
+        Queries; row r is absolute position ``kv_len - q_len + r``.
+    k : Tensor ``[b, h_kv, kv_len, d]``
+        Keys; ``h % h_kv == 0`` (GQA: query head i reads key head ``i // (h / h_kv)``).
+    mask : None or Tensor
+        Anything :func:`sv_attention.ops.masking.to_bool_mask` accepts (bool True = attend, additive
+        float 0 / ``<= finfo.min/2``, 2-D ``[b, kv]`` padding). Strict causality (j < i) is always
+        applied on top.
+    operator : {"sgate", "signed"}
+    rho, lam : float, optional
+        Operator gain / negative-softmax weight (defaults per operator; see :func:`resolve_params`).
+    scaling : float, optional
+        Logit scale; ``1/sqrt(d)`` when None.
+
+    Returns
+    -------
+    Tensor ``[b, h, q_len, kv_len]``, zero on and above the (shifted) diagonal and on masked keys.
+    """
+    b, h, hkv, q_len, kv_len = _check_qkv(q, k)
+    params = resolve_params(operator, rho, lam, None)
+    sc = _scale(q.shape[-1], scaling)
+    w = torch.matmul(q, repeat_kv(k, h // hkv).transpose(-1, -2)) * sc
+    allowed = allowed_mask(mask, q_len, kv_len, q.device)
+    return a_from_logits(w, allowed, params)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the stock attention (transformers' own sdpa path, so alpha = 0 is bitwise the model's sdpa)
+# ----------------------------------------------------------------------------------------------------------
+class _StockModule:
+    """Stand-in for the attention module that ``sdpa_attention_forward`` reads two attributes from."""
+
+    def __init__(self, num_key_value_groups: int, is_causal: bool) -> None:
+        self.num_key_value_groups = num_key_value_groups
+        self.is_causal = is_causal
+
+
+def stock_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
+                    scaling: float | None = None, dropout: float = 0.0, training: bool = False,
+                    is_causal: bool | None = None) -> torch.Tensor:
+    """Stock softmax attention exactly as transformers' ``sdpa`` attention computes it.
+
+    Calls ``transformers.integrations.sdpa_attention.sdpa_attention_forward`` (same GQA handling,
+    ``is_causal`` rules and kernel), so for the same inputs and mask it is bitwise what a model using
+    ``attn_implementation="sdpa"`` computes.
+
+    Parameters
+    ----------
+    q : ``[b, h, q_len, d]``; k, v : ``[b, h_kv, kv_len, d]``
+    mask : None, 4-D bool / additive float mask (passed to SDPA unchanged, as the model's sdpa gets it),
+        or a 2-D ``[b, kv]`` padding mask (combined with the causal mask into a 4-D bool mask first).
+        With ``mask=None`` and ``1 < q_len < kv_len`` the queries are taken as the last positions (an
+        explicit causal mask is built; transformers itself never sends that combination for a dynamic
+        cache).
+    scaling : float, optional
+    dropout : float
+        Attention dropout probability, applied only when ``training``.
+    is_causal : bool, optional
+        The module's ``is_causal`` (default True).
+
+    Returns
+    -------
+    Tensor ``[b, h, q_len, d]`` (a transposed view of SDPA's ``[b, q_len, h, d]`` output).
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    b, h, hkv, q_len, kv_len = _check_qkv(q, k, v)
+    causal = True if is_causal is None else bool(is_causal)
+    if mask is not None and mask.dim() == 2:
+        pad = to_bool_mask(mask, q_len, kv_len)
+        mask = pad & causal_mask(q_len, kv_len, device=q.device)[None, None] if causal else pad
+    elif mask is None and causal and 1 < q_len < kv_len:
+        mask = causal_mask(q_len, kv_len, device=q.device)[None, None]
+    module = _StockModule(h // hkv, causal)
+    out, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=dropout if training else 0.0,
+                                    scaling=scaling, is_causal=causal)
+    return out.transpose(1, 2)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the fast (row-block, memory-lean) hop engine
+# ----------------------------------------------------------------------------------------------------------
+def _grouped(x: torch.Tensor, hkv: int) -> torch.Tensor:
+    """``[b, h, c, X] -> [b, h_kv, g*c, X]`` (rows of the g query heads sharing one kv head stacked)."""
+    b, h, c, n = x.shape
+    return x.reshape(b, hkv, (h // hkv) * c, n)
+
+
+def _block_a(qc: torch.Tensor, k: torch.Tensor, allowed_c: torch.Tensor, params: CeqParams, sc: float,
+             need_parts: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """A for one row block: qc ``[b, h, c, d]``, k ``[b, h_kv, e, d]`` -> ``[b, h, c, e]`` (+ softmax parts)."""
+    b, h, c, _ = qc.shape
+    hkv, e = k.shape[1], k.shape[2]
+    w = torch.matmul(_grouped(qc, hkv), k.transpose(-1, -2)).view(b, h, c, e)
+    w.mul_(sc)
+    if params.operator == "sgate":
+        pp = _masked_softmax(w, allowed_c)
+        pm = _masked_softmax(-w, allowed_c)
+        a = pp - params.lam * pm
+        a.mul_(params.rho / (1.0 + params.lam))
+        return a, ((pp, pm) if need_parts else ())
+    wt = w * allowed_c
+    s = wt.abs().sum(dim=-1, keepdim=True)
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    a = wt * (params.rho / s)
+    return a, ((wt, s, allowed_c) if need_parts else ())
+
+
+def _block_a_backward(da: torch.Tensor, parts: tuple[torch.Tensor, ...], params: CeqParams) -> torch.Tensor:
+    """dL/dw for one row block from dL/dA (w = the scaled logits)."""
+    if params.operator == "sgate":
+        pp, pm = parts
+        c = params.rho / (1.0 + params.lam)
+        gp = da * c
+        dw = pp * (gp - (gp * pp).sum(-1, keepdim=True))
+        gm = da * (-c * params.lam)
+        dw -= pm * (gm - (gm * pm).sum(-1, keepdim=True))
+        return dw
+    wt, s, allowed_c = parts
+    proj = (da * wt).sum(-1, keepdim=True)
+    return params.rho * (da * allowed_c / s - torch.sign(wt) * proj / (s * s))
+
+
+def _chunks(q_len: int, chunk: int) -> list[tuple[int, int]]:
+    return [(r0, min(r0 + chunk, q_len)) for r0 in range(0, q_len, chunk)]
+
+
+def hops_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bm: torch.Tensor | None, params: CeqParams,
+                 sc: float, history: list[torch.Tensor] | None = None, chunk_size: int = DEFAULT_CHUNK,
+                 ) -> list[torch.Tensor]:
+    """All hop outputs ``y_h = A y_{h-1}`` (``y_0 = v``) for the query rows, one row block of A at a time.
+
+    Parameters
+    ----------
+    q : ``[b, h, q_len, d]``; k, v : ``[b, h_kv, kv_len, d]``
+    bm : bool ``[b|1, h|1, q_len|1, kv_len]`` or None
+        The caller's mask as :func:`sv_attention.ops.masking.to_bool_mask` returns it (strict causality is
+        added per row block).
+    params : CeqParams
+    sc : float
+        Logit scale.
+    history : list of K-1 tensors ``[b, h, kv_len - q_len, d]``, optional
+        ``y_1 .. y_{K-1}`` of the earlier positions (decoding). Required when ``q_len < kv_len`` and K > 1.
+    chunk_size : int
+        Query rows of A built at once.
+
+    Returns
+    -------
+    list of K tensors ``[b, h, kv_len, d]``: ``y_1 .. y_K`` on all positions (history rows copied in;
+    ``y_K`` history rows are zero, never needed).
+    """
+    b, h, q_len, d = q.shape
+    hkv, kv_len = k.shape[1], k.shape[2]
+    dv = v.shape[-1]
+    off = kv_len - q_len
+    K = params.hops
+    bufs = [q.new_zeros(b, h, kv_len, dv) for _ in range(K)]
+    if off > 0:
+        if K > 1 and (history is None or len(history) != K - 1):
+            raise InvalidInputError(f"decoding {q_len} queries after {off} positions needs the hop history "
+                                    f"y_1..y_{K - 1} of those positions (use a HopCache)")
+        for hh in range(1, K):
+            bufs[hh - 1][:, :, :off] = history[hh - 1]
+    for r0, r1 in _chunks(q_len, chunk_size):
+        e = off + r1
+        qc = q[:, :, r0:r1]
+        vis = visible_block(bm, off, r0, r1, e, q.device)
+        a, _ = _block_a(qc, k[:, :, :e], vis, params, sc, need_parts=False)
+        c = r1 - r0
+        y = torch.matmul(_grouped(a, hkv), v[:, :, :e]).view(b, h, c, dv)
+        bufs[0][:, :, off + r0:off + r1] = y
+        for hh in range(2, K + 1):
+            y = torch.matmul(a, bufs[hh - 2][:, :, :e])
+            bufs[hh - 1][:, :, off + r0:off + r1] = y
+    return bufs
+
+
+class CeqHopsFunction(torch.autograd.Function):
+    """``Y = sum_h coef[h-1] * y_h`` on the query rows, memory-lean.
+
+    Saves q, k, v, coef and the hop outputs (``O(s d)`` each); recomputes A one row block at a time in
+    backward (blocks in reverse order, since A^T is upper-triangular). Gradients flow to q, k, v and coef;
+    the hop history of earlier positions (decoding) is treated as a constant.
+
+    ``apply(q, k, v, coef, bm, params, sc, history, chunk_size, sink)``; ``sink`` (a list or None)
+    receives the hop outputs (detached) for a hop cache.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, coef, bm, params, sc, history, chunk_size, sink):  # noqa: D102
+        with torch.no_grad():
+            bufs = hops_forward(q, k, v, bm, params, sc, history, chunk_size)
+            off = k.shape[2] - q.shape[2]
+            out = sum(coef[i] * bufs[i][:, :, off:] for i in range(params.hops))
+        if sink is not None:
+            sink.extend(bufs)
+        ctx.save_for_backward(q, k, v, coef, *bufs)
+        ctx.bm = bm  # the caller's (non-differentiable) mask; kept by reference, never expanded to [s, s]
+        ctx.params, ctx.sc, ctx.chunk = params, sc, chunk_size
+        return out
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: D102
+        q, k, v, coef, *bufs = ctx.saved_tensors
+        params, sc, chunk = ctx.params, ctx.sc, ctx.chunk
+        K = params.hops
+        b, h, q_len, d = q.shape
+        hkv, kv_len = k.shape[1], k.shape[2]
+        dv_dim = v.shape[-1]
+        off = kv_len - q_len
+        g = g.contiguous()
+        dcoef = torch.stack([(g * bufs[i][:, :, off:]).sum() for i in range(K)]).to(coef.dtype)
+        acc = [torch.zeros_like(v)] + [q.new_zeros(b, h, kv_len, dv_dim) for _ in range(1, K)]
+        dq = torch.zeros_like(q)
+        dk = torch.zeros_like(k)
+        for r0, r1 in reversed(_chunks(q_len, chunk)):
+            e = off + r1
+            c = r1 - r0
+            qc = q[:, :, r0:r1]
+            vis = visible_block(ctx.bm, off, r0, r1, e, q.device)
+            a, parts = _block_a(qc, k[:, :, :e], vis, params, sc, need_parts=True)
+            gc = g[:, :, r0:r1]
+            gy: list[torch.Tensor | None] = [None] * (K + 1)
+            for hh in range(K, 0, -1):
+                gyh = coef[hh - 1] * gc
+                if hh < K:
+                    gyh = gyh + acc[hh][:, :, off + r0:off + r1]
+                gy[hh] = gyh
+                if hh == 1:
+                    acc[0][:, :, :e] += torch.matmul(_grouped(a, hkv).transpose(-1, -2), _grouped(gyh, hkv))
+                else:
+                    acc[hh - 1][:, :, :e] += torch.matmul(a.transpose(-1, -2), gyh)
+            da = torch.matmul(_grouped(gy[1], hkv), v[:, :, :e].transpose(-1, -2)).view(b, h, c, e)
+            for hh in range(2, K + 1):
+                da += torch.matmul(gy[hh], bufs[hh - 2][:, :, :e].transpose(-1, -2))
+            dw = _block_a_backward(da, parts, params) * sc
+            dwg = _grouped(dw, hkv)
+            dq[:, :, r0:r1] = torch.matmul(dwg, k[:, :, :e]).view(b, h, c, d)
+            dk[:, :, :e] += torch.matmul(dwg.transpose(-1, -2), _grouped(qc, hkv))
+        return dq, dk, acc[0], dcoef, None, None, None, None, None, None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# public entry point
+# ----------------------------------------------------------------------------------------------------------
+def _coef(alpha: float | torch.Tensor, form: str, hops: int, like: torch.Tensor) -> torch.Tensor:
+    powers = torch.arange(1, hops + 1, dtype=like.dtype, device=like.device)
+    if form == "path_sum":
+        return torch.ones(hops, dtype=like.dtype, device=like.device)
+    if isinstance(alpha, torch.Tensor):
+        return alpha.to(like.dtype) ** powers
+    return torch.full((hops,), float(alpha), dtype=like.dtype, device=like.device) ** powers
+
+
+def _check_alpha(alpha: float | torch.Tensor) -> None:
+    if isinstance(alpha, torch.Tensor):
+        if alpha.numel() != 1:
+            raise InvalidInputError(f"alpha must be a float or a 0-dim tensor, got shape {tuple(alpha.shape)}")
+        if not bool(torch.isfinite(alpha.detach()).all()):
+            raise InvalidHyperparameterError("alpha is not finite")
+    elif not isinstance(alpha, (int, float)) or not math.isfinite(float(alpha)):
+        raise InvalidHyperparameterError(f"alpha must be a finite float or 0-dim tensor, got {alpha!r}")
+
+
+def ceq_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
+                  form: str = "hybrid", operator: str = "sgate", alpha: float | torch.Tensor = 1.0,
+                  hops: int | None = None, rho: float | None = None, lam: float | None = None,
+                  scaling: float | None = None, dropout: float = 0.0, training: bool = False,
+                  return_weights: bool = False, is_causal: bool | None = None,
+                  chunk_size: int = DEFAULT_CHUNK, _history: list[torch.Tensor] | None = None,
+                  _sink: list[torch.Tensor] | None = None,
+                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """ceq attention: ``hybrid`` (stock + sum_h (alpha A)^h v) or ``path_sum`` ((I + A + ... + A^K) v).
+
+    Parameters
+    ----------
+    q : Tensor ``[b, h, q_len, d]``
+        Queries: the last ``q_len`` positions of the key sequence.
+    k, v : Tensor ``[b, h_kv, kv_len, d]``
+        Keys / values; ``h % h_kv == 0`` (GQA).
+    mask : None or Tensor
+        As the model's sdpa gets it: None, 4-D bool (True = attend) or additive float, or 2-D padding
+        ``[b, kv]``. The stock path receives it unchanged; A uses it (via ``to_bool_mask``) with strict
+        causality on top. An additive mask with values in ``(min/2, 0)`` raises :class:`MaskError`.
+    form : {"hybrid", "path_sum"}
+    operator : {"sgate", "signed"}
+    alpha : float or 0-dim Tensor
+        Hybrid hop weight (may be a learnable parameter; gradients flow to it). ``alpha == 0`` gives the
+        stock attention bitwise. Ignored by ``path_sum``.
+    hops : int, optional
+        K (default 2 for sgate, 3 for signed).
+    rho, lam : float, optional
+        Operator hyperparameters (see :func:`resolve_params`).
+    scaling : float, optional
+        Logit scale for both paths; ``1/sqrt(d)`` when None.
+    dropout : float
+        Attention dropout of the stock path (applied only when ``training``); A is not dropped.
+    training : bool
+        Whether dropout is active.
+    return_weights : bool
+        Also return the materialised A ``[b, h, q_len, kv_len]`` (costs ``O(s^2)`` memory).
+    is_causal : bool, optional
+        The attention module's ``is_causal`` for the stock path (default True).
+    chunk_size : int
+        Rows of A built at once (memory / speed trade-off; default 128).
+
+    Returns
+    -------
+    Tensor ``[b, h, q_len, d]`` (or ``(out, A)`` with ``return_weights``).
+
+    Raises
+    ------
+    InvalidInputError, MaskError, ConfigError, InvalidHyperparameterError
+    """
+    b, h, hkv, q_len, kv_len = _check_qkv(q, k, v)
+    if form not in FORMS:
+        raise ConfigError(f"unknown ceq form {form!r}; choose one of {FORMS}")
+    _check_alpha(alpha)
+    params = resolve_params(operator, rho, lam, hops)
+    if isinstance(chunk_size, bool) or int(chunk_size) != chunk_size or chunk_size < 1:
+        raise InvalidHyperparameterError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    if dropout < 0 or dropout >= 1:
+        raise InvalidHyperparameterError(f"dropout must be in [0, 1), got {dropout}")
+    sc = _scale(q.shape[-1], scaling)
+    bm = to_bool_mask(mask, q_len, kv_len)  # validates the mask before any work
+    off = kv_len - q_len
+    skip_hops = form == "hybrid" and not isinstance(alpha, torch.Tensor) and float(alpha) == 0.0
+    if skip_hops and _sink is None:
+        out = stock_attention(q, k, v, mask, scaling=scaling, dropout=dropout, training=training,
+                              is_causal=is_causal)
+    else:
+        coef = _coef(alpha, form, params.hops, q)
+        need_grad = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (q, k, v, coef))
+        if need_grad:
+            y = CeqHopsFunction.apply(q, k, v, coef, bm, params, sc, _history, int(chunk_size), _sink)
+        else:
+            bufs = hops_forward(q, k, v, bm, params, sc, _history, int(chunk_size))
+            if _sink is not None:
+                _sink.extend(bufs)
+            y = sum(coef[i] * bufs[i][:, :, off:] for i in range(params.hops))
+        if form == "hybrid":
+            stock = stock_attention(q, k, v, mask, scaling=scaling, dropout=dropout, training=training,
+                                    is_causal=is_causal)
+            out = stock if skip_hops else stock + y
+        else:
+            out = repeat_kv(v, h // hkv)[:, :, off:] + y
+    if return_weights:
+        return out, ceq_matrix(q, k, mask, operator=operator, rho=params.rho,
+                               lam=params.lam if operator == "sgate" else None, scaling=scaling)
+    return out
+
+
+def ceq_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                            *, form: str = "hybrid", operator: str = "sgate", alpha: float | torch.Tensor = 1.0,
+                            hops: int | None = None, rho: float | None = None, lam: float | None = None,
+                            scaling: float | None = None) -> torch.Tensor:
+    """Plain dense reference of :func:`ceq_attention` (prefill only, ``q_len == kv_len``, no dropout).
+
+    Materialises A with :func:`ceq_matrix`, applies it K times with autograd; the stock part is plain
+    masked softmax attention written out (not SDPA).
+    """
+    b, h, hkv, q_len, kv_len = _check_qkv(q, k, v)
+    if q_len != kv_len:
+        raise InvalidInputError("ceq_attention_reference covers prefill only (q_len == kv_len)")
+    params = resolve_params(operator, rho, lam, hops)
+    a = ceq_matrix(q, k, mask, operator=operator, rho=params.rho,
+                   lam=params.lam if operator == "sgate" else None, scaling=scaling)
+    vr = repeat_kv(v, h // hkv)
+    y, total = vr, torch.zeros_like(vr)
+    for i in range(1, params.hops + 1):
+        y = a @ y
+        total = total + (1.0 if form == "path_sum" else alpha ** i) * y
+    if form == "path_sum":
+        return vr + total
+    sc = _scale(q.shape[-1], scaling)
+    w = (q @ repeat_kv(k, h // hkv).transpose(-1, -2)) * sc
+    vis = causal_mask(q_len, kv_len, device=q.device)[None, None]
+    bm = to_bool_mask(mask, q_len, kv_len)
+    if bm is not None:
+        vis = vis & bm
+    p = _masked_softmax(w, vis)
+    return p @ vr + total
+
+
+__all__ = [
+    "CeqHopsFunction", "CeqParams", "DEFAULTS", "MaskError", "a_from_logits", "allowed_mask", "ceq_attention",
+    "ceq_attention_reference", "ceq_matrix", "hops_forward", "repeat_kv", "resolve_params", "stock_attention",
+    "truncation_bound",
+]
