@@ -1,6 +1,9 @@
 """sv-attention: support-vector attention with certified KV eviction and exact deletion, and ceq.
 
 Public names are imported lazily so that ``import sv_attention`` stays light for the solver-only user.
+Importing the package registers the attention implementations ``"sv_attention"`` and ``"ceq"`` with
+transformers (``AttentionInterface`` and the paired ``AttentionMaskInterface``), so that
+``model.set_attn_implementation("sv_attention")`` works right after ``import sv_attention``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "IncrementalSVDD": "sv_attention.svdd",
     "refit": "sv_attention.svdd",
+    "enable": "sv_attention.hf.enable",
+    "CertifiedCache": "sv_attention.hf.cache",
 }
 
 
@@ -28,3 +33,12 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(list(globals()) + list(_LAZY))
+
+
+def _register() -> None:
+    from sv_attention.hf.registration import register_all
+
+    register_all()
+
+
+_register()

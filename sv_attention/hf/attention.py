@@ -1,0 +1,339 @@
+"""The attention functions registered as ``"sv_attention"`` and ``"ceq"`` (transformers v5 contract).
+
+Both are called by a transformers attention module as
+``fn(module, query, key, value, attention_mask, dropout=..., scaling=..., **kwargs)`` with ``query``
+``[b, h, q_len, d]`` (RoPE applied) and ``key`` / ``value`` ``[b, h_kv, kv_len, d]`` already including
+the cached past, and return ``(out [b, q_len, h, d], weights_or_None)``.
+
+Common behaviour
+----------------
+- GQA by shape (``h // h_kv`` query heads per kv-head; GPT-2 has no ``num_key_value_groups``).
+- Masks: boolean ``[b, 1, q, kv]`` (True = attend), additive float, 2-D padding, or None. None with
+  ``module.is_causal`` means causality is applied here, with sdpa's conventions (``q_len == 1``: every
+  key; otherwise key ``j`` visible to row ``i`` when ``j <= i``). ``module.is_causal = False``
+  (encoders) is honoured; an ``is_causal`` keyword overrides the module attribute.
+- Dropout on the attention weights when the model passes a non-zero ``dropout`` (it does in training).
+- ``output_attentions=True`` returns the weights (``"sv_attention"``: the gated, renormalised softmax
+  ``[b, h, q, kv]``; ``"ceq"``: the ceq matrix ``A``).
+- ``softcap``, ``s_aux`` and ``position_bias`` change the semantics and are not implemented: they raise
+  :class:`~sv_attention.errors.UnsupportedFeatureError` instead of being ignored.
+- Hyperparameters are read from ``module.config.sv_attention`` / ``module.config.ceq`` at call time
+  (:mod:`sv_attention.hf.settings`; documented defaults when absent).
+
+Decoding state: both functions keep a small per-layer state on the attention module (attribute
+``_sv_attention_state``): the SV gates per chunk boundary, or the ceq hop history. It is checked against
+a fingerprint of the keys on every call, so fresh prefills, crops and beam reorders are detected; call
+:func:`reset_state` to drop it (e.g. to free memory after generation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sv_attention.errors import HopCacheError, InvalidInputError, UnsupportedFeatureError
+from sv_attention.hf.gate_handoff import GateHandoff, pop_pending_gate
+from sv_attention.hf.settings import CEQ_NAME, SV_NAME, CeqSettings, SVSettings, settings_from_config
+from sv_attention.hf.sv_gate import GateState, causal_gate_bias, check_gqa, full_gate_bias, warn_once
+from sv_attention.ops.masking import to_bool_mask
+
+STATE_ATTR = "_sv_attention_state"
+_UNSUPPORTED = ("softcap", "s_aux", "position_bias")
+
+
+def reset_state(model: torch.nn.Module) -> int:
+    """Drop the decoding state the registered functions keep on ``model``'s attention modules.
+
+    Returns
+    -------
+    int : number of modules whose state was dropped.
+    """
+    n = 0
+    for m in model.modules():
+        if STATE_ATTR in m.__dict__:
+            del m.__dict__[STATE_ATTR]
+            n += 1
+    return n
+
+
+def _refuse_unsupported(name: str, kwargs: dict[str, Any]) -> None:
+    for key in _UNSUPPORTED:
+        if kwargs.get(key) is not None:
+            raise UnsupportedFeatureError(
+                f"{name!r} attention does not implement {key!r} (this model passes it, and ignoring it "
+                f"would change the model's outputs); use attn_implementation='eager' for this model")
+
+
+def _is_causal(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
+    ic = kwargs.get("is_causal")
+    return bool(getattr(module, "is_causal", True) if ic is None else ic)
+
+
+def _sliding_window(module: torch.nn.Module, kwargs: dict[str, Any]) -> int | None:
+    if "sliding_window" in kwargs:
+        return kwargs["sliding_window"]
+    return getattr(module, "sliding_window", None)
+
+
+def visible_mask(mask: torch.Tensor | None, b: int, q_len: int, kv_len: int, causal: bool,
+                 device: torch.device) -> torch.Tensor:
+    """Boolean ``[b, q_len, kv_len]``: which key each query row may attend.
+
+    ``mask`` is anything :func:`sv_attention.ops.masking.to_bool_mask` accepts; its head dimension must
+    be 1 (transformers' masks are shared by the heads). ``None`` follows sdpa: all keys when not causal
+    or ``q_len == 1``, else ``j <= i``.
+    """
+    bm = to_bool_mask(mask, q_len, kv_len)
+    if bm is None:
+        if not causal or q_len == 1:
+            return torch.ones(b, q_len, kv_len, dtype=torch.bool, device=device)
+        tri = torch.arange(kv_len, device=device)[None, :] <= torch.arange(q_len, device=device)[:, None]
+        return tri[None].expand(b, q_len, kv_len)
+    if bm.shape[1] != 1:
+        bm = bm.all(dim=1, keepdim=True) if bool((bm == bm[:, :1]).all()) else bm[:, :1]
+    return bm[:, 0].to(device).expand(b, q_len, kv_len)
+
+
+def _grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
+                       bias: torch.Tensor | None, scaling: float, dropout: float,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked softmax attention with an optional per-kv-head additive bias (the log-gate).
+
+    query ``[b, h, q, d]``, key/value ``[b, g, kv, d]``, visible ``[b, q, kv]``, bias ``[b, g, q|1, kv]``.
+    Returns ``(out [b, h, q, d], weights [b, h, q, kv])``; rows with no visible key are 0.
+    """
+    b, h, q, d = query.shape
+    g, kv = key.shape[1], key.shape[2]
+    r = h // g
+    logits = torch.matmul(query.reshape(b, g, r * q, d), key.transpose(-1, -2)).view(b, g, r, q, kv) * scaling
+    if bias is not None:
+        logits = logits + bias[:, :, None]
+    allowed = visible[:, None, None]
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    w = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    w = torch.where(torch.isnan(w), torch.zeros_like(w), w).to(query.dtype)  # rows with nothing visible
+    if dropout > 0.0:
+        w = torch.nn.functional.dropout(w, p=dropout, training=True)
+    out = torch.matmul(w.reshape(b, g, r * q, kv), value).view(b, h, q, value.shape[-1])
+    return out, w.reshape(b, h, q, kv)
+
+
+def _handoff_bias(handoff: GateHandoff, visible: torch.Tensor, causal: bool, b: int, g: int, q_len: int,
+                  kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-bias and visibility from a gate deposited by a certified cache."""
+    w = handoff.weights
+    if w.dim() != 4 or w.shape[-2:] != (q_len, kv_len) or w.shape[1] not in (1, g) or w.shape[0] not in (1, b):
+        raise InvalidInputError(
+            f"gate handoff for layer {handoff.layer_idx} has weights {tuple(w.shape)}, expected "
+            f"[{b}, {g}, {q_len}, {kv_len}]; the cache and the attention call disagree")
+    if causal and handoff.key_positions is not None and handoff.query_positions is not None:
+        kp = handoff.key_positions.to(visible.device)
+        qp = handoff.query_positions.to(visible.device)
+        visible = visible & (kp[None, None, :] <= qp[None, :, None])
+    bias = torch.log(w.to(torch.float32).clamp_min(0.0)).expand(b, g, q_len, kv_len)
+    return bias, visible
+
+
+def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                         **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """SV-Attention on a pretrained model: softmax-hybrid readout with a chunk-frozen SVDD gate.
+
+    Per (sequence, layer, kv-head), queries at positions ``[s, s + chunk)`` read the gate fitted on the
+    keys at positions ``< s`` (DESIGN §2.5; see :mod:`sv_attention.hf.sv_gate`): softmax weights times
+    ``alpha_j`` on that prefix, times 1 on the local chunk, renormalised. Chunk 0 and warm-up are plain
+    causal softmax. Encoders (``is_causal=False``) use one gate per sequence on all valid keys.
+
+    A gate deposited by a certified cache for this layer (:mod:`sv_attention.hf.gate_handoff`) is used
+    instead of computing one: its weights multiply the softmax; causality follows its key / query
+    positions when given (evicted slots make columns differ from positions); the mask's padding is kept.
+
+    Parameters
+    ----------
+    module : the transformers attention module (reads ``config``, ``layer_idx``, ``is_causal``,
+        ``sliding_window``, ``training``)
+    query : Tensor ``[b, h, q_len, d]``
+    key, value : Tensor ``[b, h_kv, kv_len, d]``
+    attention_mask : None, bool / additive float ``[b, 1, q_len, kv_len]`` or 2-D ``[b, kv_len]``
+    dropout : float  attention-weight dropout probability (the model passes 0 outside training)
+    scaling : float or None  logit scale (``d ** -0.5`` when None)
+    **kwargs : ``output_attentions``, ``use_cache``, ``sliding_window``, ``is_causal`` are read;
+        ``softcap`` / ``s_aux`` / ``position_bias`` raise UnsupportedFeatureError; others are ignored.
+
+    Returns
+    -------
+    out : Tensor ``[b, q_len, h, d]``
+    weights : Tensor ``[b, h, q_len, kv_len]`` when ``output_attentions`` else None
+    """
+    _refuse_unsupported(SV_NAME, kwargs)
+    settings: SVSettings = settings_from_config(getattr(module, "config", None), SV_NAME)  # type: ignore[assignment]
+    check_gqa(query, key, value)
+    b, h, q_len, d = query.shape
+    g, kv_len = key.shape[1], key.shape[2]
+    sc = float(scaling) if scaling is not None else d ** -0.5
+    causal = _is_causal(module, kwargs)
+    layer_idx = getattr(module, "layer_idx", None)
+    handoff = pop_pending_gate(layer_idx)
+    visible = visible_mask(attention_mask, b, q_len, kv_len, causal, query.device)
+    bias = None
+    keep_state = bool(kwargs.get("use_cache", True)) and not module.training
+    if handoff is not None:
+        bias, visible = _handoff_bias(handoff, visible, causal, b, g, q_len, kv_len)
+    elif settings.gate:
+        window = _sliding_window(module, kwargs)
+        if window is not None:
+            if settings.sliding_window == "refuse":
+                raise UnsupportedFeatureError(
+                    f"layer {layer_idx} uses a sliding window ({window}); sv_attention was configured with "
+                    "sliding_window='refuse'. Use sliding_window='softmax' to run plain softmax inside the "
+                    "window on such layers, or disable the window in the model config")
+            warn_once("sliding", "sv_attention: layers with a sliding window run plain softmax inside the "
+                      "window (the window is honoured, the SV gate is not applied there); set "
+                      "sliding_window='refuse' to make this an error")
+        elif causal:
+            state = module.__dict__.get(STATE_ATTR) if keep_state else None
+            state = state if isinstance(state, GateState) else None
+            bias, new_state = causal_gate_bias(
+                key, visible, C=settings.box, warmup=settings.warmup, chunk=settings.chunk,
+                sigma=settings.sigma, state=state, keep_state=keep_state)
+            if keep_state:
+                module.__dict__[STATE_ATTR] = new_state
+        else:
+            bias = full_gate_bias(key, visible, C=settings.box, warmup=settings.warmup, sigma=settings.sigma)
+    if bias is not None:
+        bias = bias.to(query.dtype) if query.dtype != torch.float32 else bias
+    out, weights = _grouped_attention(query, key, value, visible, bias, sc, float(dropout))
+    out = out.transpose(1, 2).contiguous()
+    return out, (weights if kwargs.get("output_attentions") else None)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# ceq
+# ------------------------------------------------------------------------------------------------------------
+@dataclass
+class HopState:
+    """ceq hop history of one layer, aligned with the key columns of the previous call.
+
+    Attributes
+    ----------
+    history : list of Tensor ``[b, h, n_cols, d]``  hop outputs ``y_1 .. y_{K-1}``
+    fingerprint : Tensor ``[b, h_kv, n_cols]``  first feature of every key column
+    signature : tuple  operator / rho / lam / hops / scaling / form that filled it
+    """
+
+    history: list[torch.Tensor]
+    fingerprint: torch.Tensor
+    signature: tuple
+
+
+def _match_rows(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor | None:
+    """Index ``idx`` with ``old[idx] == new`` row by row (beam reorder), or None."""
+    idx = []
+    for r in range(new.shape[0]):
+        hit = [o for o in range(old.shape[0]) if torch.equal(old[o], new[r])]
+        if not hit:
+            return None
+        idx.append(hit[0])
+    return torch.tensor(idx, dtype=torch.long, device=old.device)
+
+
+def _ceq_history(state: HopState | None, key: torch.Tensor, q_len: int, signature: tuple, sliding: bool,
+                 layer_idx: int | None) -> list[torch.Tensor] | None:
+    """History of the past columns of this call (None for a fresh prefill); raises when it is unknown."""
+    b, g, kv_len, _ = key.shape
+    past = kv_len - q_len
+    if past == 0:
+        return None
+    if state is None or state.signature != signature:
+        raise HopCacheError(
+            f"ceq layer {layer_idx}: decoding {q_len} token(s) after {past} cached positions, but no hop "
+            "history for them is held (the cache was filled by another attention implementation, with other "
+            "ceq settings, or the state was reset); run the prompt again through the model with this setting")
+    n_prev = state.fingerprint.shape[-1]
+    if past > n_prev:
+        raise HopCacheError(f"ceq layer {layer_idx}: the key cache holds {past} past positions but the hop "
+                            f"history only {n_prev}; prefill again")
+    sl = slice(n_prev - past, n_prev) if sliding else slice(0, past)  # windows keep the last, crops the first
+    fp_old = state.fingerprint[:, :, sl]
+    fp_new = key[:, :, :past, 0]
+    hist = [t[:, :, sl] for t in state.history]
+    if fp_old.shape[0] == b and torch.equal(fp_old, fp_new):
+        return hist
+    idx = _match_rows(fp_old, fp_new)
+    if idx is None:
+        raise HopCacheError(
+            f"ceq layer {layer_idx}: the cached keys differ from those the hop history was built on (another "
+            "conversation or an edited cache); call sv_attention.hf.reset_state(model) and prefill again")
+    return [t.index_select(0, idx) for t in hist]
+
+
+def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                          **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ceq on a pretrained model: the model's own sdpa attention plus ``sum_{h<=K} (alpha A)^h v``.
+
+    The stock term is transformers' ``sdpa_attention_forward`` on the mask the paired ``"ceq"`` mask
+    function built (sdpa's own), so ``alpha = 0`` is bitwise the model's sdpa output. The hop terms come
+    from :func:`sv_attention.ops.ceq.ceq_attention`; decoding with the model's cache extends a hop history
+    kept on the module (see :class:`HopState`), equal to the no-cache recomputation.
+
+    Parameters
+    ----------
+    module, query, key, value, attention_mask, dropout, scaling
+        As for :func:`sv_attention_forward`.
+    **kwargs : ``output_attentions`` (returns the ceq matrix A ``[b, h, q, kv]``), ``use_cache``,
+        ``sliding_window``, ``is_causal`` are read; ``softcap`` / ``s_aux`` / ``position_bias`` raise.
+
+    Returns
+    -------
+    out : Tensor ``[b, q_len, h, d]``
+    weights : the ceq matrix ``A`` when ``output_attentions`` else None
+
+    Raises
+    ------
+    UnsupportedFeatureError
+        Hops on a non-causal (encoder) layer (ceq is a causal operator; ``alpha = 0`` is allowed).
+    HopCacheError
+        A decode step whose hop history is unknown (see :func:`reset_state`).
+    """
+    from sv_attention.ops.ceq import ceq_attention
+
+    _refuse_unsupported(CEQ_NAME, kwargs)
+    settings: CeqSettings = settings_from_config(getattr(module, "config", None), CEQ_NAME)  # type: ignore[assignment]
+    check_gqa(query, key, value)
+    p = settings.resolved()
+    causal = _is_causal(module, kwargs)
+    training = bool(module.training)
+    layer_idx = getattr(module, "layer_idx", None)
+    stock_only = p["form"] == "hybrid" and p["alpha"] == 0.0
+    if not causal and not stock_only:
+        raise UnsupportedFeatureError(
+            f"ceq hops are causal (A is strictly lower-triangular) but layer {layer_idx} is not causal "
+            "(an encoder); use alpha=0 or another attention implementation there")
+    common = dict(form=p["form"], operator=p["operator"], alpha=p["alpha"], hops=p["hops"], rho=p["rho"],
+                  lam=p["lam"] if p["operator"] == "sgate" else None, scaling=scaling, dropout=float(dropout),
+                  training=training or float(dropout) > 0.0, is_causal=causal)
+    if stock_only:
+        out = ceq_attention(query, key, value, attention_mask, **common)
+    else:
+        keep_state = bool(kwargs.get("use_cache", True)) and not training
+        sliding = _sliding_window(module, kwargs) is not None
+        signature = (p["operator"], p["rho"], p["lam"], p["hops"], scaling, p["form"])
+        state = module.__dict__.get(STATE_ATTR)
+        state = state if isinstance(state, HopState) else None
+        history = _ceq_history(state, key, query.shape[2], signature, sliding, layer_idx)
+        sink: list[torch.Tensor] = []
+        out = ceq_attention(query, key, value, attention_mask, **common, _history=history, _sink=sink)
+        if keep_state:
+            module.__dict__[STATE_ATTR] = HopState(
+                history=[t.detach() for t in sink[: p["hops"] - 1]],
+                fingerprint=key[:, :, :, 0].detach().clone(), signature=signature)
+    weights = None
+    if kwargs.get("output_attentions"):
+        from sv_attention.ops.ceq import ceq_matrix
+
+        weights = ceq_matrix(query, key, attention_mask, operator=p["operator"], rho=p["rho"],
+                             lam=p["lam"] if p["operator"] == "sgate" else None, scaling=scaling)
+    return out.transpose(1, 2).contiguous(), weights

@@ -1,0 +1,299 @@
+"""The chunk-frozen SV gate on the keys a pretrained model already computes (DESIGN §2.1, §2.5).
+
+Used by the ``"sv_attention"`` attention function. For every sequence ``b`` and kv-head ``g`` of a
+layer, the queries at (real, padding-free) positions ``[s, s + chunk)`` read a gate fitted on the keys
+at positions ``< s``: the SVDD coefficients ``alpha_j`` (box ``C`` fixed, RBF bandwidth ``sigma``).
+The softmax weights over the visible keys are multiplied by ``alpha_j`` on that gated prefix and by 1
+on the local chunk, then renormalised; chunk 0 and boundaries below the warm-up size
+``ceil(1/C) + 2`` are plain causal softmax. This module returns the multiplicative weights as a
+log-bias ``[b, g, q, kv]`` (``log alpha``, ``-inf`` for reserve keys, 0 elsewhere) that the attention
+function adds to its logits before one softmax.
+
+Positions come from the mask, not from column indices: a key's position is the number of valid keys
+before it in its row, a query's position is the number of keys it sees minus one. So left padding,
+static caches and per-sequence lengths give each sequence exactly the gates it would get alone.
+
+Bandwidth rule (``sigma=None``): the median pairwise distance of the keys at positions ``< chunk`` (the
+first boundary) per (sequence, kv-head), computed once and then fixed; for non-causal layers the
+median over all valid keys.
+
+Decoding state (:class:`GateState`): gates are cached per boundary by position, with the bandwidth and a
+fingerprint of the keys (their first feature per column). Each call checks the fingerprint on the
+columns it shares with the previous call: a fresh prefill, a crop, a reorder (beam search) or another
+conversation is detected there and only gates whose keys are unchanged are kept, so a cached decode
+always equals the recomputation without state.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from sv_attention.errors import InvalidInputError
+from sv_attention.kernels import median_bandwidth, rbf_gram
+
+#: Counters of what the gate did in this process (fits, solver statuses, reuse); see :func:`gate_stats`.
+STATS: dict[str, int] = {}
+_WARNED: set[str] = set()
+
+
+def _count(key: str, n: int = 1) -> None:
+    STATS[key] = STATS.get(key, 0) + int(n)
+
+
+def gate_stats() -> dict[str, int]:
+    """A copy of the process-wide gate counters (``fits``, ``problems``, ``status:<name>``, ``reused``...)."""
+    return dict(STATS)
+
+
+def warn_once(key: str, message: str) -> None:
+    """``warnings.warn`` a message once per process and key."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+@dataclass
+class GateState:
+    """Per-layer decoding state of the gate (held on the attention module between calls).
+
+    Attributes
+    ----------
+    batch, kv_heads : int
+    fingerprint : Tensor ``[b, kv_heads, n_cols]``  first feature of every key column seen
+    sigma : Tensor ``[b, kv_heads]``  bandwidth per sequence (NaN where not computed yet)
+    gates : dict ``s -> Tensor [b, kv_heads, s]``  alpha by position for boundary ``s``
+    done : dict ``s -> bool Tensor [b]``  which sequences hold a fitted gate for ``s``
+    """
+
+    batch: int
+    kv_heads: int
+    fingerprint: torch.Tensor
+    sigma: torch.Tensor
+    gates: dict[int, torch.Tensor] = field(default_factory=dict)
+    done: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def positions_from_mask(visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Key validity and real positions of keys and queries from a visibility mask.
+
+    Parameters
+    ----------
+    visible : bool Tensor ``[b, q, kv]`` (True = query row may attend the key column)
+
+    Returns
+    -------
+    valid : bool ``[b, kv]``  keys some query may attend (not padding, not an empty static slot)
+    kpos : long ``[b, kv]``  position of each valid key (number of valid keys before it), -1 if invalid
+    qpos : long ``[b, q]``  position of each query (number of keys it sees minus one), -1 if it sees none
+    """
+    valid = visible.any(dim=1)
+    kpos = torch.where(valid, valid.long().cumsum(-1) - 1, torch.full_like(valid, -1, dtype=torch.long))
+    qpos = visible.long().sum(-1) - 1
+    return valid, kpos, qpos
+
+
+def _keys_by_position(key: torch.Tensor, valid: torch.Tensor, kpos: torch.Tensor, P: int) -> torch.Tensor:
+    """Keys reordered by position: ``[b, g, P, d]`` (rows past a sequence's length are zeros)."""
+    b, g, kv, d = key.shape
+    idx = torch.zeros(b, P, dtype=torch.long, device=key.device)
+    tgt = torch.where(valid, kpos, torch.full_like(kpos, P))  # invalid keys to a dropped slot
+    idx_full = torch.zeros(b, P + 1, dtype=torch.long, device=key.device)
+    idx_full.scatter_(1, tgt, torch.arange(kv, device=key.device).expand(b, kv).contiguous())
+    idx = idx_full[:, :P]
+    out = torch.gather(key, 2, idx[:, None, :, None].expand(b, g, P, d))
+    n = valid.sum(-1)
+    keep = torch.arange(P, device=key.device)[None, :] < n[:, None]
+    return out * keep[:, None, :, None].to(key.dtype)
+
+
+def _fit(keys: torch.Tensor, mask: torch.Tensor, sigma: torch.Tensor, C: float) -> torch.Tensor:
+    """Fit SVDD gates: keys ``[G, n, d]``, mask ``[G, n]``, sigma ``[G]`` -> alpha ``[G, n]`` (>= 0)."""
+    from sv_attention.svdd.batched import STATUS_NAMES, solve_batched
+
+    gram = rbf_gram(keys, sigma=sigma[:, None, None])
+    sol = solve_batched(gram, mask, C)
+    _count("fits")
+    _count("problems", keys.shape[0])
+    for code, name in STATUS_NAMES.items():
+        k = int((sol.status == code).sum())
+        if k:
+            _count(f"status:{name}", k)
+            if name in ("solve fallback", "not converged", "infeasible"):
+                warn_once(f"status:{name}", f"sv_attention gate: {k} SVDD problem(s) ended with status "
+                          f"'{name}'; their alpha is the best available approximation "
+                          "(see sv_attention.hf.sv_gate.gate_stats())")
+    alpha = sol.alpha.clamp_min(0.0)
+    return torch.where(mask, alpha, torch.zeros_like(alpha))
+
+
+def _check_state(state: GateState | None, key: torch.Tensor, q_len: int) -> GateState | None:
+    """Keep ``state`` only for the columns whose keys are unchanged since the previous call."""
+    b, g, kv, _ = key.shape
+    if state is None or state.batch != b or state.kv_heads != g:
+        return None
+    old = kv - q_len  # columns that existed before this call (a crop makes this smaller)
+    n_prev = state.fingerprint.shape[-1]
+    overlap = min(old, n_prev)
+    if overlap <= 0:
+        return None
+    if not torch.equal(state.fingerprint[..., :overlap], key[:, :, :overlap, 0].detach()):
+        _count("state_reset")
+        return None
+    return state
+
+
+def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warmup: int, chunk: int,
+                     sigma: float | None, state: GateState | None = None, keep_state: bool = False,
+                     ) -> tuple[torch.Tensor | None, GateState | None]:
+    """Log-gate bias of a causal layer.
+
+    Parameters
+    ----------
+    key : Tensor ``[b, g, kv, d]`` (all keys of the layer, past included)
+    visible : bool Tensor ``[b, q, kv]``  what each query may attend (padding, causality, windows)
+    C : float  fixed box
+    warmup : int  ``ceil(1/C) + 2``: boundaries with fewer keys are ungated
+    chunk : int
+    sigma : float or None  None: median rule (see module docstring)
+    state : GateState or None  from the previous call of this layer
+    keep_state : bool  return an updated state (decoding); otherwise None is returned
+
+    Returns
+    -------
+    bias : Tensor ``[b, g, q, kv]`` (``log alpha`` on the gated prefix, ``-inf`` on reserve keys, 0
+        elsewhere) or None when no query of the call is past its first active boundary.
+    state : GateState or None
+    """
+    b, g, kv, d = key.shape
+    q = visible.shape[1]
+    valid, kpos, qpos = positions_from_mask(visible)
+    n = valid.sum(-1)  # [b]
+    bnd = torch.div(qpos.clamp_min(0), chunk, rounding_mode="floor") * chunk  # boundary of each query
+    active = (bnd >= chunk) & (bnd >= warmup) & (qpos >= 0)  # [b, q]
+    state = _check_state(state, key, q) if keep_state else None
+    if state is not None:
+        # drop gates whose prefix is no longer fully present (crop) for some sequence
+        kept = valid[:, : kv - q].sum(-1) if kv > q else torch.zeros_like(n)
+        for s in list(state.gates):
+            state.done[s] = state.done[s] & (kept >= s)
+        state.sigma = torch.where((kept >= chunk)[:, None], state.sigma, torch.full_like(state.sigma, float("nan")))
+    if not bool(active.any()):
+        return None, _new_state(state, key, keep_state)
+    P = int(n.max())
+    kbp = _keys_by_position(key, valid, kpos, P)  # [b, g, P, d]
+    dt = key.dtype
+
+    # bandwidth per (sequence, kv-head)
+    if sigma is not None:
+        sig = torch.full((b, g), float(sigma), dtype=dt, device=key.device)
+    else:
+        sig = state.sigma.to(dt) if state is not None else torch.full((b, g), float("nan"), dtype=dt,
+                                                                     device=key.device)
+        need = active.any(-1)[:, None] & torch.isnan(sig)
+        if bool(need.any()):
+            m = (torch.arange(chunk, device=key.device)[None, :] < n[:, None])[:, None, :].expand(b, g, chunk)
+            med = median_bandwidth(kbp[:, :, :chunk], m)
+            sig = torch.where(need, med.to(dt), sig)
+
+    # gates per boundary, by position
+    bounds = sorted({int(s) for s in bnd[active].unique().tolist()})
+    S = len(bounds)
+    table = torch.ones(b, g, S + 1, P, dtype=dt, device=key.device)  # slot S: "ungated"
+    for i, s in enumerate(bounds):
+        rows = (active & (bnd == s)).any(-1)  # [b] sequences with a query reading boundary s
+        alpha = torch.zeros(b, g, s, dtype=dt, device=key.device)
+        have = torch.zeros(b, dtype=torch.bool, device=key.device)
+        if state is not None and s in state.gates:
+            have = state.done[s] & rows
+            alpha = torch.where(have[:, None, None], state.gates[s].to(dt), alpha)
+            _count("reused", int(have.sum()))
+        todo = rows & ~have
+        if bool(todo.any()):
+            ib = todo.nonzero().flatten()
+            ks = kbp[ib, :, :s].reshape(-1, s, d)
+            fitted = _fit(ks, torch.ones(ks.shape[:2], dtype=torch.bool, device=key.device),
+                          sig[ib].reshape(-1), C).reshape(len(ib), g, s)
+            alpha = alpha.index_copy(0, ib, fitted)
+        table[:, :, i, :s] = alpha
+        table[:, :, i, s:] = 1.0
+        if keep_state:
+            if state is None:
+                state = _new_state(None, key, True, sig)
+            done = state.done.get(s, torch.zeros(b, dtype=torch.bool, device=key.device)) | rows
+            prev = state.gates.get(s, torch.zeros(b, g, s, dtype=dt, device=key.device))
+            state.gates[s] = torch.where(rows[:, None, None], alpha.detach(), prev)
+            state.done[s] = done
+    # gather weight[b, g, r, j] = table[b, g, slot(b, r), kpos(b, j)]
+    slot = torch.full((b, q), S, dtype=torch.long, device=key.device)
+    for i, s in enumerate(bounds):
+        slot = torch.where(active & (bnd == s), torch.full_like(slot, i), slot)
+    kp = kpos.clamp_min(0)  # invalid keys are masked by `visible` anyway
+    flat = table.reshape(b, g, (S + 1) * P)
+    lin = slot[:, :, None] * P + kp[:, None, :]  # [b, q, kv]
+    w = torch.gather(flat, 2, lin.reshape(b, 1, q * kv).expand(b, g, q * kv)).reshape(b, g, q, kv)
+    bias = torch.log(w)
+    if keep_state:
+        state = _new_state(state, key, True, sig)
+    return bias, state
+
+
+def _new_state(state: GateState | None, key: torch.Tensor, keep: bool,
+               sigma: torch.Tensor | None = None) -> GateState | None:
+    if not keep:
+        return None
+    b, g = key.shape[:2]
+    fp = key[:, :, :, 0].detach().clone()
+    if state is None:
+        sig = sigma.detach() if sigma is not None else torch.full((b, g), float("nan"), dtype=key.dtype,
+                                                                  device=key.device)
+        return GateState(batch=b, kv_heads=g, fingerprint=fp, sigma=sig)
+    state.fingerprint = fp
+    if sigma is not None:
+        state.sigma = sigma.detach()
+    return state
+
+
+def full_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warmup: int,
+                   sigma: float | None) -> torch.Tensor | None:
+    """Log-gate bias of a non-causal (encoder) layer: one gate per (sequence, kv-head) on all valid keys.
+
+    Parameters
+    ----------
+    key : Tensor ``[b, g, kv, d]``
+    visible : bool Tensor ``[b, q, kv]``
+
+    Returns
+    -------
+    Tensor ``[b, g, 1, kv]`` or None when every sequence is in warm-up (fewer than ``warmup`` keys).
+    """
+    b, g, kv, d = key.shape
+    valid = visible.any(dim=1)  # [b, kv]
+    n = valid.sum(-1)
+    rows = n >= warmup
+    if not bool(rows.any()):
+        return None
+    m = valid[:, None, :].expand(b, g, kv)
+    if sigma is None:
+        sig = median_bandwidth(key, m).to(key.dtype)
+    else:
+        sig = torch.full((b, g), float(sigma), dtype=key.dtype, device=key.device)
+    ib = rows.nonzero().flatten()
+    fitted = _fit(key[ib].reshape(-1, kv, d), m[ib].reshape(-1, kv), sig[ib].reshape(-1), C).reshape(len(ib), g, kv)
+    w = torch.ones(b, g, kv, dtype=key.dtype, device=key.device).index_copy(0, ib, fitted)
+    w = torch.where(m, w, torch.ones_like(w))  # invalid keys stay masked by `visible`
+    return torch.log(w)[:, :, None, :]
+
+
+def check_gqa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> int:
+    """Number of query heads per kv-head; raises on inconsistent shapes."""
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise InvalidInputError(f"query/key/value must be 4-D [b, heads, seq, dim], got {tuple(query.shape)}, "
+                                f"{tuple(key.shape)}, {tuple(value.shape)}")
+    if key.shape[1] != value.shape[1] or key.shape[2] != value.shape[2] or key.shape[0] != value.shape[0]:
+        raise InvalidInputError(f"key {tuple(key.shape)} and value {tuple(value.shape)} disagree")
+    if query.shape[1] % key.shape[1] != 0:
+        raise InvalidInputError(f"{query.shape[1]} query heads are not a multiple of {key.shape[1]} kv heads")
+    return query.shape[1] // key.shape[1]
