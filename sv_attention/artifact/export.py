@@ -1,0 +1,197 @@
+"""``export_artifact``: write a Hub artifact folder from a model or a checkpoint, optionally publish it.
+
+The folder holds: ``config.json`` (with ``auto_map``), ``generation_config.json``, ``model.safetensors``,
+the three code files, ``tokenizer_config.json``, ``README.md`` (the card) and ``MANIFEST.json``.
+It is built in a temporary sibling folder and moved into place only when complete (and, with
+``push_to``, only after the upload succeeded), so a failure leaves the target untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sv_attention.artifact.card import render_card
+from sv_attention.artifact.manifest import build_manifest, hash_files, hash_tensors, write_manifest
+from sv_attention.artifact.params import count_parameters, published_reading
+from sv_attention.artifact.remote import CODE_FILES, model_classes
+from sv_attention.errors import ArtifactError, InvalidInputError, NetworkUnavailableError
+
+#: the fixed input of the recorded reference forward pass (bytes of this text)
+REFERENCE_TEXT = "Once upon a time, a small model read bytes."
+
+
+def load_checkpoint(checkpoint: str | Path) -> tuple[torch.nn.Module, dict[str, Any] | None]:
+    """Load a ``save_pretrained`` folder (a training checkpoint or an artifact) with the repository's classes.
+
+    Returns the model (eval mode, CPU) and the training record (``trainer_state.json``) when present.
+
+    Raises
+    ------
+    InvalidInputError
+        The folder does not exist or has no ``config.json``.
+    """
+    path = Path(checkpoint)
+    if not (path / "config.json").is_file():
+        raise InvalidInputError(f"{path} is not a model folder (no config.json); pass a save_pretrained folder")
+    _, model_cls, _ = model_classes(path)
+    model = model_cls.from_pretrained(path).eval()
+    record = None
+    if (path / "trainer_state.json").is_file():
+        record = json.loads((path / "trainer_state.json").read_text())
+    return model, record
+
+
+def training_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The training data and step count from a training record (``trainer_state.json`` or a run JSON)."""
+    if not record:
+        return None
+    cfg = record.get("config") or record.get("train_config") or {}
+    data = record.get("data") or cfg.get("data") or cfg.get("dataset") or record.get("dataset")
+    split = record.get("split") or record.get("data_split")
+    out: dict[str, Any] = {"data": data, "steps": record.get("step", record.get("steps"))}
+    for key in ("tokens", "tokens_seen", "final_loss", "eval_loss", "seed"):
+        if key in record:
+            out[key] = record[key]
+    if split is not None:
+        out["split"] = split
+    return out
+
+
+@torch.no_grad()
+def reference_forward(model: torch.nn.Module, text: str = REFERENCE_TEXT) -> dict[str, Any]:
+    """Logits of a fixed byte string: a hash-free fingerprint ``verify`` recomputes after loading."""
+    ids = torch.tensor([list(text.encode("utf-8"))[: model.config.max_position_embeddings]])
+    logits = model(ids, use_cache=False).logits[0].double()
+    return {"text": text, "logits_sum": float(logits.sum()), "logits_abs_sum": float(logits.abs().sum()),
+            "logits_head": [float(x) for x in logits[-1, :8]], "shape": list(logits.shape)}
+
+
+def _versions() -> dict[str, Any]:
+    import transformers
+
+    import sv_attention
+
+    return {"sv_attention": sv_attention.__version__, "transformers": transformers.__version__,
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
+def model_summary(config: Any) -> dict[str, Any]:
+    keys = ("model_type", "operator", "operator_config", "vocab_size", "hidden_size", "num_hidden_layers",
+            "num_attention_heads", "intermediate_size", "max_position_embeddings", "attention_bias", "mlp_bias",
+            "tie_word_embeddings", "sv_attention_version")
+    return {k: getattr(config, k) for k in keys}
+
+
+def write_folder(model: torch.nn.Module, out: Path, *, command: str, training: dict[str, Any] | None,
+                 results_dir: str | Path | None, license: str, datasets: list[str] | None,
+                 repo_id: str | None) -> dict[str, Any]:
+    """Write the artifact into the (empty) folder ``out``; return the manifest."""
+    from sv_attention.results import git_commit
+
+    cfg_cls, model_cls, tok_cls = model_classes()
+    if type(model) is not model_cls:
+        raise InvalidInputError(f"expected an SVForCausalLM from modeling_sv.py, got {type(model).__name__}")
+    cfg_cls.register_for_auto_class()
+    model_cls.register_for_auto_class("AutoModelForCausalLM")
+    tok_cls.register_for_auto_class("AutoTokenizer")
+    model.save_pretrained(out, safe_serialization=True)
+    tok = tok_cls(model_max_length=model.config.max_position_embeddings)
+    tok.save_pretrained(out)
+    for name in CODE_FILES:  # the tokenizer file is copied by save_pretrained too; make sure of all three
+        if not (out / name).is_file():
+            from sv_attention.artifact.remote import code_file
+
+            shutil.copyfile(code_file(name), out / name)
+    params = count_parameters(model)
+    params["published_reading"] = published_reading(params, model.config)
+    manifest_args = dict(
+        parameters=params, model=model_summary(model.config), versions=_versions(),
+        provenance={"command": command, "git_commit": git_commit(),
+                    "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+        training=training, reference_forward=reference_forward(model),
+    )
+    draft = {"files": hash_files(out), "tensors": hash_tensors(out), **manifest_args}
+    card = render_card(draft, results_dir=results_dir, license=license, datasets=datasets, repo_id=repo_id)
+    card.save(out / "README.md")
+    manifest = build_manifest(out, **manifest_args)
+    write_manifest(out, manifest)
+    return manifest
+
+
+def push_folder(folder: Path, repo_id: str, private: bool) -> str:
+    """``create_repo`` + ``upload_folder`` (never ``model.push_to_hub``, which would replace the card).
+
+    Raises
+    ------
+    NetworkUnavailableError
+        The Hub cannot be reached (offline, no route, DNS) or refuses the request; the message says why.
+    """
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
+                                 commit_message="sv-attention export")
+    except Exception as exc:  # noqa: BLE001 - every failure is reported the same clear way
+        raise NetworkUnavailableError(
+            f"could not publish to the Hub repository {repo_id!r}: {type(exc).__name__}: {exc}. Nothing was "
+            "written locally; check the network and `huggingface-cli login`, then re-run the export."
+        ) from exc
+    return str(getattr(info, "commit_url", info))
+
+
+def export_artifact(model_or_checkpoint: torch.nn.Module | str | Path, out_dir: str | Path, *,
+                    command: str = "sv-attention export", training_record: dict[str, Any] | None = None,
+                    results_dir: str | Path | None = None, license: str = "apache-2.0",
+                    datasets: list[str] | None = None, push_to: str | None = None, private: bool = False,
+                    overwrite: bool = False) -> dict[str, Any]:
+    """Export a Hub artifact folder.
+
+    Parameters
+    ----------
+    model_or_checkpoint : SVForCausalLM or a ``save_pretrained`` folder (a training checkpoint's
+        ``trainer_state.json`` supplies the training data and steps)
+    out_dir : target folder; must not exist or be empty unless ``overwrite``
+    training_record : a training run JSON (overrides the checkpoint's record)
+    results_dir : where ``*.json`` results for the card are read (None: no result tables)
+    push_to : ``ORG/NAME`` to publish the folder to; on failure nothing is written locally
+
+    Returns
+    -------
+    The manifest dict (``manifest["push"]`` holds the commit URL when pushed).
+    """
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ArtifactError(f"{out} exists and is not empty; choose another --out or pass --overwrite")
+    record = training_record
+    if isinstance(model_or_checkpoint, (str, Path)):
+        model, ckpt_record = load_checkpoint(model_or_checkpoint)
+        record = record if record is not None else ckpt_record
+    else:
+        model = model_or_checkpoint
+    was_training = model.training
+    model.eval()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        manifest = write_folder(model, tmp, command=command, training=training_summary(record),
+                                results_dir=results_dir, license=license, datasets=datasets, repo_id=push_to)
+        if push_to is not None:
+            manifest["push"] = push_folder(tmp, push_to, private)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        model.train(was_training)
+    return manifest
