@@ -71,33 +71,40 @@ class SVLMCache(DynamicCache):
         super().__init__(*args, **kwargs)
         self.operator_state: dict[int, dict[str, Any]] = {}
 
-    def _map_state(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def _map_state(self, fn: Callable[[torch.Tensor], torch.Tensor], method: str, arg: Any) -> None:
+        """Apply a batch operation to every piece of operator state (tensors, lists, state objects)."""
         for state in self.operator_state.values():
             for key, value in list(state.items()):
                 if isinstance(value, torch.Tensor):
                     state[key] = fn(value)
                 elif isinstance(value, list):
                     state[key] = [fn(v) if isinstance(v, torch.Tensor) else v for v in value]
+                elif hasattr(value, method):
+                    getattr(value, method)(arg)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:  # noqa: D102 - transformers API
         super().reorder_cache(beam_idx)
-        self._map_state(lambda t: t.index_select(0, beam_idx.to(t.device)))
+        self._map_state(lambda t: t.index_select(0, beam_idx.to(t.device)), "reorder", beam_idx)
 
     def batch_repeat_interleave(self, repeats: int) -> None:  # noqa: D102
         super().batch_repeat_interleave(repeats)
-        self._map_state(lambda t: t.repeat_interleave(repeats, dim=0))
+        self._map_state(lambda t: t.repeat_interleave(repeats, dim=0), "batch_repeat_interleave", repeats)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:  # noqa: D102
         super().batch_select_indices(indices)
-        self._map_state(lambda t: t[indices])
+        self._map_state(lambda t: t[indices], "batch_select_indices", indices)
 
     def crop(self, max_length: int) -> None:  # noqa: D102
-        if any(self.operator_state.values()):
-            raise UnsupportedFeatureError(
-                "SVLMCache.crop: the operator state (hop histories / frozen gates) cannot be cropped; "
-                "re-run the prefix without a cache instead"
-            )
+        for state in self.operator_state.values():
+            for value in state.values():
+                if not hasattr(value, "crop"):
+                    raise UnsupportedFeatureError(
+                        "SVLMCache.crop: this operator's state cannot be cropped; re-run the prefix instead"
+                    )
         super().crop(max_length)
+        for state in self.operator_state.values():
+            for value in state.values():
+                value.crop(max_length)
 
     def reset(self) -> None:  # noqa: D102
         super().reset()
@@ -171,9 +178,37 @@ def swa_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     return softmax_operator(module, query, key, value, mask, scaling, dropout)
 
 
+def ceq_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
+                 operator_state: dict[str, Any] | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """ceq (``hybrid``: softmax + sum_h (alpha A)^h v, alpha = ``module.ceq_alpha``) and ceq_path_sum.
+
+    With a cache, the layer's :class:`sv_attention.ops.hop_cache.HopCache` (in ``operator_state["hop"]``)
+    holds the hop history so decoding equals the full prefill.
+    """
+    from sv_attention.ops.ceq import ceq_attention
+    from sv_attention.ops.hop_cache import HopCache, ceq_attention_cached
+
+    knobs = module.config.operator_config
+    hybrid = module.config.operator == "ceq"
+    common = dict(form="hybrid" if hybrid else "path_sum", operator=knobs["gate"],
+                  alpha=module.ceq_alpha if hybrid else 1.0, hops=knobs["hops"], rho=knobs["rho"],
+                  lam=knobs.get("lam"), scaling=scaling, dropout=dropout, training=module.training)
+    if operator_state is None:
+        out = ceq_attention(query, key, value, mask, **common)
+    else:
+        hop = operator_state.get("hop")
+        if hop is None:
+            hop = operator_state["hop"] = HopCache()
+        out = ceq_attention_cached(query, key, value, mask, hop, **common)
+    return out.transpose(1, 2).contiguous(), None
+
+
 OPERATOR_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
     "softmax": softmax_operator,
     "swa": swa_operator,
+    "ceq": ceq_operator,
+    "ceq_path_sum": ceq_operator,
 }
 
 
