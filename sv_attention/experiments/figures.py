@@ -64,3 +64,25 @@ def _secret(p: dict[str, Any], fig: Any) -> None:
     ax2.set_ylabel("readout deviation from never-saw-it layer")
     ax2.tick_params(axis="x", rotation=30)
     fig.suptitle(f"Planted secret ({p['parameters']['trials']} trials)")
+
+
+@_register("edit")
+def _edit(p: dict[str, Any], fig: Any) -> None:
+    s = p["summary"]
+    gam = list(s["decay"])
+    labels = ["exact edit"] + [f"decay {g}" for g in gam]
+    ri = [s["residual_influence_exact_max"]] + [s["decay"][g]["residual_influence_mean"] for g in gam]
+    old = [s["old_value_returned_exact"]] + [s["decay"][g]["old_value_returned"] for g in gam]
+    new = [s["new_value_returned_exact"]] + [s["decay"][g]["new_value_returned"] for g in gam]
+    ax1, ax2 = fig.subplots(1, 2)
+    colors = ["tab:green"] + ["tab:orange"] * len(gam)
+    ax1.bar(labels, [_floor(x) for x in ri], color=colors)
+    ax1.set_yscale("log")
+    ax1.set_ylabel("residual influence of old binding")
+    xs = range(len(labels))
+    ax2.bar([i - 0.2 for i in xs], new, width=0.4, label="new value returned", color="tab:blue")
+    ax2.bar([i + 0.2 for i in xs], old, width=0.4, label="old value returned", color="tab:red")
+    ax2.set_xticks(list(xs), labels)
+    ax2.set_ylim(0, 1)
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"Exact editing ({p['parameters']['trials']} trials)")
