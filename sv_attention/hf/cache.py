@@ -1,0 +1,727 @@
+"""The certified KV cache: a transformers ``Cache`` that evicts with a certificate and deletes exactly.
+
+:class:`CertifiedCache` stores keys and values like ``DynamicCache`` and, per (layer, batch row,
+kv-head), maintains an exact fp64 SVDD solver (:class:`~sv_attention.svdd.exact.IncrementalSVDD`) over
+the admitted long-range keys. It implements the chunk-frozen SV gate of DESIGN §2.5 and hands it to the
+``"sv_attention"`` attention function through :mod:`sv_attention.hf.gate_handoff`:
+
+- queries in chunk ``[s, s + chunk)`` read the gate fitted on the keys at positions ``< s``: weight
+  ``alpha_j`` on the long-range prefix, 1 on the current chunk (read densely); chunk 0 and warm-up
+  (fewer than ``ceil(1/C) + 2`` admitted keys) are ungated (all weights 1);
+- at each chunk boundary the new chunk's keys are admitted to every solver (a prefill that crosses
+  several boundaries streams the solvers through them and snapshots alpha for each query chunk).
+
+Positions, slots and masks
+--------------------------
+Every token gets a *position* (0, 1, 2, ... in arrival order). A layer's tensors hold *slots*; after
+eviction or deletion a layer holds fewer slots than positions. ``get_seq_length()`` and
+``get_mask_sizes()`` speak in positions (``kv_length = positions seen + query length``, offset 0), so
+transformers keeps counting positions (RoPE, ``cache_position``) and builds its mask over positions.
+The gate handed to the attention function carries ``key_positions`` (the position of each returned
+slot) and ``query_positions``; the attention function takes the mask columns at ``key_positions`` and
+applies causality from the positions.
+
+Certified eviction (:meth:`CertifiedCache.evict`)
+-------------------------------------------------
+Per solver, reserve keys (alpha exactly 0) are evicted at the solver level (their fp64 keys stay in the
+solver's compact store and are re-checked, ``g >= 0``, at every later admission and deletion).
+**Physical rule:** a
+token leaves a layer's key/value tensors when it is evicted in *every* (batch row, kv-head) solver of
+that layer; its key/value move to the offload tier (CPU memory by default; ``offload=None`` discards
+them). The receipt reports the per-head reserve fraction and the realised (physical) fraction. When a
+later admission revives an evicted token (it fails the re-check, DESIGN §2.2), the token is restored
+from the offload tier; without one, the loss of exactness is recorded (:attr:`restore_events`) and
+warned about.
+
+Exact deletion (:meth:`CertifiedCache.forget`)
+----------------------------------------------
+An admitted long-range token is removed from every solver by the fixed-C exact decrement; a token of
+the current chunk (not yet admitted) is masked (its slot removed, the weights renormalised by the
+attention function): no SV certificate, reported as ``"uncertified (local path)"``. Either way the
+slot's key/value are released. ``reencode=True`` recomputes the suffix after the first deleted
+position without the deleted tokens (needs ``model`` and ``input_ids``): the cache then equals a cache
+that never saw them.
+
+Known limits: batch rows with left padding admit their pad keys into the solvers (the cache does not
+see the padding mask); sliding-window layers are refused; beam search (cache reordering) is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from sv_attention.errors import (
+    DuplicateIdError,
+    InvalidInputError,
+    UnknownIdError,
+    UnsupportedFeatureError,
+)
+from sv_attention.hf.cache_receipts import (
+    PATH_EXACT,
+    PATH_LOCAL,
+    PATH_REENCODED,
+    SCOPE_STATEMENT,
+    SCOPE_STATEMENT_REENCODED,
+    DeletionReceipt,
+    EvictionReceipt,
+    LayerEviction,
+    RestoreEvent,
+    SolverDeletion,
+)
+from sv_attention.hf.cache_solvers import SolverBank
+from sv_attention.hf.gate_handoff import GateHandoff, set_pending_gate
+from sv_attention.hf.policies import CertifiedPolicy, PolicyContext
+from sv_attention.hf.settings import SV_NAME, SVSettings, settings_from_config
+
+
+class CertifiedLayer(CacheLayerMixin):
+    """One layer's slots, positions, solvers and offload tier.
+
+    Attributes
+    ----------
+    keys, values : Tensor ``[b, kv_heads, slots, head_dim]``
+    positions : LongTensor ``[slots]`` (ascending)
+    seen : int
+        Positions consumed so far (what ``get_seq_length`` reports).
+    admitted_upto : int
+        Keys at positions ``< admitted_upto`` (minus forgotten ones) are in the solvers.
+    bank : SolverBank or None
+        The solvers (created at the first chunk boundary, when the bandwidth is fixed).
+    evicted : dict[int, tuple[Tensor, Tensor] | None]
+        Physically evicted positions -> their key/value ``[b, kv_heads, head_dim]`` on the offload
+        device (None when there is no offload tier).
+    forgotten : set[int]
+    """
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, layer_idx: int = 0) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.positions: torch.Tensor | None = None
+        self.seen = 0
+        self.admitted_upto = 0
+        self.bank: SolverBank | None = None
+        self.evicted: dict[int, tuple[torch.Tensor, torch.Tensor] | None] = {}
+        self.forgotten: set[int] = set()
+        self._snap_s = -1
+        self._snap_alpha: torch.Tensor | None = None
+        self._row: tuple[int, int, torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------ CacheLayerMixin API
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.keys = key_states[..., :0, :].clone()
+        self.values = value_states[..., :0, :].clone()
+        self.positions = torch.zeros(0, dtype=torch.long, device=key_states.device)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``key_states`` / ``value_states`` ``[b, kv_heads, q, head_dim]`` at the next positions."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if key_states.shape[:2] != self.keys.shape[:2] or key_states.shape[-1] != self.keys.shape[-1]:
+            raise InvalidInputError(
+                f"layer {self.layer_idx}: new keys {tuple(key_states.shape)} do not match the cached "
+                f"{tuple(self.keys.shape)} in batch, kv-head or head dims; use a fresh cache per batch")
+        q = key_states.shape[-2]
+        new_pos = torch.arange(self.seen, self.seen + q, dtype=torch.long, device=self.positions.device)
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        self.positions = torch.cat([self.positions, new_pos])
+        self.seen += q
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """Mask sizes in *positions*: ``(positions seen + query_length, 0)``."""
+        return self.seen + query_length, 0
+
+    def get_seq_length(self) -> int:
+        """Positions seen (not slots held: after eviction a layer holds fewer slots)."""
+        return self.seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.__init__(self.layer_idx)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise UnsupportedFeatureError("CertifiedCache does not support beam search (cache reordering): its "
+                                      "solvers are per batch row; use greedy or sampling decoding")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if repeats != 1:
+            raise UnsupportedFeatureError("CertifiedCache cannot repeat batch rows (num_return_sequences / beams "
+                                          "> 1); generate one sequence per prompt")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise UnsupportedFeatureError("CertifiedCache cannot select batch rows; use a fresh cache")
+
+    def crop(self, tokens_to_remove: int) -> None:  # handled by CertifiedCache.crop
+        raise UnsupportedFeatureError("crop a CertifiedCache through CertifiedCache.crop")
+
+    # ------------------------------------------------------------------ slots
+    @property
+    def n_slots(self) -> int:
+        return 0 if self.positions is None else int(self.positions.numel())
+
+    def slot_positions(self) -> np.ndarray:
+        return np.zeros(0, dtype=np.int64) if self.positions is None else self.positions.cpu().numpy()
+
+    def drop_positions(self, drop: set[int]) -> None:
+        """Release the slots of ``drop`` (new, smaller tensors; the old storage is freed)."""
+        if not drop or self.positions is None:
+            return
+        pos = self.slot_positions()
+        keep = torch.from_numpy(np.flatnonzero(~np.isin(pos, list(drop)))).to(self.keys.device)
+        self.keys = self.keys.index_select(-2, keep)
+        self.values = self.values.index_select(-2, keep)
+        self.positions = self.positions.index_select(0, keep.to(self.positions.device))
+        self.invalidate()
+
+    def insert(self, position: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Put back a slot ``k, v [b, kv_heads, head_dim]`` at ``position`` (kept in position order)."""
+        idx = int(np.searchsorted(self.slot_positions(), position))
+        k = k.to(self.keys.device, self.keys.dtype)[:, :, None, :]
+        v = v.to(self.values.device, self.values.dtype)[:, :, None, :]
+        self.keys = torch.cat([self.keys[..., :idx, :], k, self.keys[..., idx:, :]], dim=-2)
+        self.values = torch.cat([self.values[..., :idx, :], v, self.values[..., idx:, :]], dim=-2)
+        p = torch.tensor([position], dtype=torch.long, device=self.positions.device)
+        self.positions = torch.cat([self.positions[:idx], p, self.positions[idx:]])
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        """Forget the cached gate row (slots or solvers changed)."""
+        self._row = None
+
+    def invalidate_snapshot(self) -> None:
+        self._snap_s, self._snap_alpha, self._row = -1, None, None
+
+    def offload_bytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for kv in self.evicted.values() if kv is not None for k, v in [kv])
+
+
+class CertifiedCache(Cache):
+    """A transformers ``Cache`` with certified eviction and exact deletion (see the module docstring).
+
+    Parameters
+    ----------
+    config : transformers ``PretrainedConfig`` or None
+        The model's config: the number of layers and the ``"sv_attention"`` hyperparameters
+        (``config.sv_attention``, written by ``sv_attention.enable``; documented defaults when absent:
+        nu = 0.3, n0 = chunk, chunk = 64, sigma = median pairwise key distance of the first chunk per
+        (batch row, kv-head), then fixed).
+    num_layers : int or None
+        Number of layers when no config is given.
+    offload : "cpu", a torch.device, or None
+        Where evicted keys/values go (to be restored if a later admission revives them). None discards
+        them; a revival is then recorded as a loss of exactness.
+    **overrides
+        Any ``"sv_attention"`` hyperparameter (``nu``, ``C``, ``n0``, ``chunk``, ``sigma``, ``gate``),
+        overriding the config.
+
+    Examples
+    --------
+    >>> cache = CertifiedCache(model.config)                      # doctest: +SKIP
+    >>> out = model.generate(ids, cache=cache, max_new_tokens=64)   # doctest: +SKIP
+    >>> rep = cache.evict()                                         # doctest: +SKIP
+    >>> rep = cache.forget([5])                                     # doctest: +SKIP
+    """
+
+    def __init__(self, config: Any = None, *, num_layers: int | None = None, offload: Any = "cpu",
+                 **overrides: Any) -> None:
+        text_cfg = config.get_text_config(decoder=True) if config is not None else None
+        base = settings_from_config(text_cfg if text_cfg is not None else config, SV_NAME).to_dict() \
+            if config is not None else SVSettings().to_dict()
+        base.update(overrides)
+        self.settings: SVSettings = SVSettings.from_dict(base)
+        if num_layers is None:
+            if text_cfg is None:
+                raise InvalidInputError("CertifiedCache needs a model config or num_layers=")
+            num_layers = int(text_cfg.num_hidden_layers)
+            types = getattr(text_cfg, "layer_types", None) or []
+            if any(t != "full_attention" for t in types):
+                raise UnsupportedFeatureError(
+                    f"CertifiedCache supports full-attention layers only, got layer_types {sorted(set(types))}; "
+                    "use the model's own cache for sliding-window / hybrid models")
+        self.offload_device = None if offload is None else torch.device(offload)
+        self.restore_events: list[RestoreEvent] = []
+        super().__init__(layers=[CertifiedLayer(i) for i in range(num_layers)])
+
+    # ------------------------------------------------------------------ hyperparameters
+    @property
+    def C(self) -> float:
+        """The fixed box ``C`` of every solver."""
+        return self.settings.box
+
+    @property
+    def chunk(self) -> int:
+        return self.settings.chunk
+
+    @property
+    def warmup_size(self) -> int:
+        """``ceil(1/C) + 2``: fewest admitted keys for which a layer's gate is active."""
+        return self.settings.warmup
+
+    # ------------------------------------------------------------------ transformers API
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new keys/values of ``layer_idx``, admit completed chunks into the solvers, and
+        deposit the gate for the returned slots (:func:`~sv_attention.hf.gate_handoff.set_pending_gate`).
+
+        Accepts the 5.24 call ``update(k, v, layer_idx, kwargs=...)`` and the older
+        ``update(k, v, layer_idx, cache_kwargs)``; the extra arguments are not needed.
+
+        Returns
+        -------
+        keys, values : Tensor ``[b, kv_heads, slots, head_dim]``
+        """
+        layer = self.layers[layer_idx]
+        p0 = layer.seen
+        layer.update(key_states, value_states)
+        q = key_states.shape[-2]
+        weights = self._gate(layer, p0, q)
+        qpos = torch.arange(p0, p0 + q, dtype=torch.long, device=layer.positions.device)
+        set_pending_gate(GateHandoff(layer_idx=layer_idx, weights=weights, key_positions=layer.positions,
+                                     query_positions=qpos))
+        return layer.keys, layer.values
+
+    def crop(self, max_length: int) -> None:
+        """Keep the first positions only: ``max_length < 0`` removes that many trailing positions (the
+        transformers 5.x convention), ``max_length >= 0`` keeps that many positions."""
+        seen = self.get_seq_length()
+        m = seen + max_length if max_length < 0 else min(max_length, seen)
+        self._truncate(max(0, m))
+
+    # ------------------------------------------------------------------ gate
+    def _gate(self, layer: CertifiedLayer, p0: int, q: int) -> torch.Tensor:
+        """Gate weights ``[b, kv_heads, q, slots]`` for queries at positions ``p0 .. p0+q-1``."""
+        c = self.chunk
+        b, h = layer.keys.shape[0], layer.keys.shape[1]
+        slots = layer.n_slots
+        dtype, device = layer.keys.dtype, layer.keys.device
+        if not self.settings.gate:
+            return torch.ones(b, h, q, slots, dtype=dtype, device=device)
+        starts = sorted({(t // c) * c for t in range(p0, p0 + q)})
+        # decode fast path: same chunk as the previous call, one new slot appended
+        if q == 1 and layer._row is not None and layer._row[0] == starts[0] and layer._row[1] == slots - 1:
+            row = torch.cat([layer._row[2], torch.ones(b, h, 1, dtype=dtype, device=device)], dim=-1)
+            layer._row = (starts[0], slots, row)
+            return row[:, :, None, :]
+        snaps: list[torch.Tensor | None] = []
+        for s in starts:
+            if s > 0:
+                self._advance(layer, s)
+            snaps.append(self._snapshot(layer, s))
+        pos = layer.positions
+        slots = layer.n_slots
+        rows = []
+        for s, alpha in zip(starts, snaps, strict=True):
+            if alpha is None:
+                rows.append(torch.ones(b, h, slots, dtype=dtype, device=device))
+            else:
+                gathered = alpha.index_select(-1, pos.clamp(max=s - 1).to(alpha.device))
+                rows.append(torch.where((pos < s).to(device), gathered, torch.ones_like(gathered)))
+        layer._row = (starts[-1], slots, rows[-1])
+        if len(rows) == 1:
+            return rows[0][:, :, None, :].expand(b, h, q, slots)
+        R = torch.stack(rows, dim=2)  # [b, h, n_starts, slots]
+        qchunk = torch.tensor([starts.index((t // c) * c) for t in range(p0, p0 + q)], device=device)
+        return R.index_select(2, qchunk)
+
+    def _snapshot(self, layer: CertifiedLayer, s: int) -> torch.Tensor | None:
+        """Alpha by position ``[b, h, s]`` of the gate fitted on positions ``< s`` (None: ungated)."""
+        if s == 0 or layer.bank is None or not layer.bank.gated:
+            return None
+        if layer._snap_s != s or layer._snap_alpha is None:
+            layer._snap_alpha = layer.bank.alpha_dense(s, layer.keys.dtype, layer.keys.device)
+            layer._snap_s = s
+        return layer._snap_alpha
+
+    def _advance(self, layer: CertifiedLayer, s: int) -> None:
+        """Admit the keys at positions ``[admitted_upto, s)`` into the layer's solvers."""
+        if layer.admitted_upto >= s:
+            return
+        pos = layer.slot_positions()
+        if layer.bank is None:
+            first = np.flatnonzero(pos < self.chunk)
+            idx = torch.from_numpy(first).to(layer.keys.device)
+            layer.bank = SolverBank.from_first_chunk(self.C, layer.keys.index_select(-2, idx),
+                                                     self.settings.sigma)
+        sel = np.flatnonzero((pos >= layer.admitted_upto) & (pos < s))
+        if sel.size:
+            idx = torch.from_numpy(sel).to(layer.keys.device)
+            adm = layer.bank.admit(layer.keys.index_select(-2, idx), pos[sel])
+            self._restore(layer, adm.readmitted, trigger=f"admission of chunk ending at position {s}")
+        layer.admitted_upto = s
+        layer.invalidate_snapshot()
+
+    def _restore(self, layer: CertifiedLayer, revived: set[int], trigger: str) -> list[RestoreEvent]:
+        """Bring back physically evicted tokens that a solver re-admitted."""
+        events = []
+        for p in sorted(int(x) for x in revived):
+            if p not in layer.evicted:
+                continue  # still present in this layer (evicted in some heads only)
+            kv = layer.evicted.pop(p)
+            if kv is not None:
+                layer.insert(p, kv[0], kv[1])
+                ev = RestoreEvent(layer.layer_idx, p, True, trigger)
+            else:
+                ev = RestoreEvent(layer.layer_idx, p, False, trigger)
+                warnings.warn(
+                    f"CertifiedCache layer {layer.layer_idx}: evicted token at position {p} became a support "
+                    "vector again after " + trigger + ", but no offload tier holds its key/value: exactness "
+                    "is lost for this layer (use offload='cpu' to keep it)", stacklevel=3)
+            events.append(ev)
+        self.restore_events.extend(events)
+        return events
+
+    # ------------------------------------------------------------------ memory
+    def memory_bytes(self) -> int:
+        """Bytes of the key/value tensors (and their position index) the cache holds for attention."""
+        total = 0
+        for layer in self.layers:
+            if layer.is_initialized:
+                total += layer.keys.nbytes + layer.values.nbytes + layer.positions.nbytes
+        return total
+
+    def memory_report(self) -> dict[str, int]:
+        """Every tier: ``kv_bytes`` (what :meth:`memory_bytes` reports), ``offload_bytes`` (evicted
+        keys/values kept for restoration), ``gate_bytes`` (alpha snapshots), ``solver_bytes`` (fp64 keys,
+        Gram, bordered inverse and compact evicted-key store of the solvers)."""
+        return {
+            "kv_bytes": self.memory_bytes(),
+            "offload_bytes": sum(layer.offload_bytes() for layer in self.layers),
+            "gate_bytes": sum(layer._snap_alpha.nbytes for layer in self.layers if layer._snap_alpha is not None),
+            "solver_bytes": sum(layer.bank.nbytes() for layer in self.layers if layer.bank is not None),
+        }
+
+    def slots_per_layer(self) -> list[int]:
+        return [layer.n_slots for layer in self.layers]
+
+    # ------------------------------------------------------------------ eviction
+    def evict(self, budget: int | None = None) -> EvictionReceipt:
+        """Certified eviction: only tokens whose alpha is exactly 0 in every solver of a layer leave it.
+
+        Parameters
+        ----------
+        budget : int or None
+            Target number of slots per layer. None evicts every certified-inert token. A certified
+            eviction never drops a support vector or a current-chunk token, so the budget may be
+            missed (``receipt.budget_met``); it is then filled with the most recent reserve tokens.
+
+        Returns
+        -------
+        EvictionReceipt
+
+        Raises
+        ------
+        InvalidInputError
+            ``budget`` is not an integer, or is below the warm-up threshold ``ceil(1/C) + 2`` (no
+            certificate can exist for fewer keys). The cache is unchanged.
+        """
+        if budget is not None:
+            if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+                raise InvalidInputError(f"budget must be an integer or None, got {budget!r}")
+            if budget < self.warmup_size:
+                raise InvalidInputError(
+                    f"budget {budget} is below the warm-up threshold ceil(1/C)+2 = {self.warmup_size} "
+                    f"(C = {self.C:.4g}): no certificate exists for fewer keys; pass budget >= {self.warmup_size}")
+        t0 = time.perf_counter()
+        mem0 = self.memory_bytes()
+        out = []
+        for layer in self.layers:
+            out.append(self._evict_layer(layer, budget))
+        met = budget is None or all(le.n_slots_after <= budget for le in out)
+        return EvictionReceipt(layers=tuple(out), budget=budget, budget_met=met, memory_bytes_before=mem0,
+                               memory_bytes_after=self.memory_bytes(),
+                               offload_bytes=sum(layer.offload_bytes() for layer in self.layers),
+                               elapsed_s=time.perf_counter() - t0)
+
+    def _evict_layer(self, layer: CertifiedLayer, budget: int | None) -> LayerEviction:
+        n0 = layer.n_slots
+        pos = layer.slot_positions()
+        n_local = int((pos >= layer.admitted_upto).sum())
+        bank = layer.bank
+        n_adm = len(bank.history) if bank is not None else 0
+
+        def skipped(reason: str, kkt: float = 0.0) -> LayerEviction:
+            return LayerEviction(layer.layer_idx, False, reason, n0, n0, n_adm, n_local, [], (), 0.0, kkt)
+
+        if bank is None:
+            return skipped("no chunk boundary yet: nothing admitted, no certificate")
+        ok, reason, kkt = bank.certified()
+        if not ok:
+            return skipped(reason, kkt)
+        frac = bank.reserve_fraction()
+        bank.evict_reserve()
+        active = bank.active_positions()
+        cand = pos[pos < layer.admitted_upto]
+        support = np.isin(cand, list(active))
+        target = int(support.sum()) if budget is None else max(0, budget - n_local)
+        dec = CertifiedPolicy().select(PolicyContext(positions=cand, support=support), target)
+        drop = [int(p) for p in cand[~dec.keep]]
+        if drop:
+            idx = torch.from_numpy(np.flatnonzero(np.isin(pos, drop))).to(layer.keys.device)
+            ks, vs = layer.keys.index_select(-2, idx), layer.values.index_select(-2, idx)
+            for n, p in enumerate(drop):
+                if self.offload_device is None:
+                    layer.evicted[p] = None
+                else:
+                    layer.evicted[p] = (ks[:, :, n].to(self.offload_device, copy=True),
+                                        vs[:, :, n].to(self.offload_device, copy=True))
+            layer.drop_positions(set(drop))
+        _, _, kkt = bank.certified()
+        return LayerEviction(layer.layer_idx, True, reason, n0, layer.n_slots, n_adm, n_local, frac, tuple(drop),
+                             len(drop) / n_adm if n_adm else 0.0, kkt)
+
+    # ------------------------------------------------------------------ deletion
+    def _check_positions(self, positions: Any) -> list[int]:
+        if isinstance(positions, torch.Tensor):
+            positions = positions.detach().cpu().reshape(-1).tolist()
+        if isinstance(positions, (int, np.integer)) and not isinstance(positions, bool):
+            positions = [positions]
+        try:
+            lst = list(positions)
+        except TypeError as exc:
+            raise InvalidInputError(f"positions must be an int or a sequence of ints, got {positions!r}") from exc
+        if not lst:
+            raise InvalidInputError("positions is empty; pass at least one position to forget")
+        if any(isinstance(p, bool) or not isinstance(p, (int, np.integer)) for p in lst):
+            raise InvalidInputError(f"positions must be integers, got {lst!r}")
+        lst = [int(p) for p in lst]
+        if len(set(lst)) != len(lst):
+            raise DuplicateIdError(f"positions repeated: {sorted({p for p in lst if lst.count(p) > 1})}; "
+                                   "pass each position once")
+        seen = self.get_seq_length()
+        bad = [p for p in lst if p < 0 or p >= seen]
+        if bad:
+            raise InvalidInputError(f"positions {bad} are out of range: the cache holds positions 0..{seen - 1}")
+        gone = sorted(set(lst) & set().union(*(layer.forgotten for layer in self.layers)))
+        if gone:
+            raise UnknownIdError(f"positions {gone} were already forgotten; nothing to delete")
+        return sorted(lst)
+
+    def forget(self, positions: Any, reencode: bool = False, verify: bool = False, *, model: Any = None,
+               input_ids: torch.Tensor | None = None) -> DeletionReceipt:
+        """Delete tokens exactly.
+
+        Parameters
+        ----------
+        positions : int or sequence of int
+            Positions (0-based, in arrival order) to forget.
+        reencode : bool
+            Also recompute the keys/values of every position after the first deleted one without the
+            deleted tokens, so that the cache equals a cache that never saw them. Needs ``model`` and
+            ``input_ids``. Positions after the first deleted one shift (``receipt.position_map``).
+        verify : bool
+            Compare each decremented solver with a from-scratch refit of its retained history (same C
+            and sigma): ``max |f_decrement - f_refit|`` on the retained and deleted keys.
+        model : transformers model (reencode only)
+        input_ids : LongTensor ``[b, positions seen]`` (reencode only)
+            The token ids at every position of this cache (already-forgotten positions included).
+
+        Returns
+        -------
+        DeletionReceipt
+
+        Raises
+        ------
+        InvalidInputError
+            Positions out of range, not integers, empty; ``reencode`` without ``model`` / ``input_ids``.
+        DuplicateIdError
+            A position repeated.
+        UnknownIdError
+            A position already forgotten.
+        InfeasibleBoxError
+            A solver would keep fewer than ``1/C`` keys (``n * C < 1``) after the deletion.
+
+        Every error leaves the cache unchanged.
+        """
+        t0 = time.perf_counter()
+        lst = self._check_positions(positions)
+        if reencode:
+            if model is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+                raise InvalidInputError("reencode=True needs model= and input_ids= (LongTensor [b, positions seen])")
+            if input_ids.shape[1] != self.get_seq_length():
+                raise InvalidInputError(f"input_ids has {input_ids.shape[1]} positions, the cache has seen "
+                                        f"{self.get_seq_length()}; pass the ids of every cached position")
+            return self._forget_reencode(lst, model, input_ids, t0)
+        for layer in self.layers:
+            if layer.bank is not None:
+                layer.bank.check_removable([p for p in lst if p in layer.bank.history])
+        mem0 = self.memory_bytes()
+        saved = [(copy.deepcopy(layer.bank), dict(layer.evicted), layer.keys, layer.values, layer.positions,
+                  set(layer.forgotten)) for layer in self.layers]
+        n_events = len(self.restore_events)
+        try:
+            return self._forget(lst, verify, t0, mem0)
+        except BaseException:
+            for layer, (bank, ev, k, v, p, fg) in zip(self.layers, saved, strict=True):
+                layer.bank, layer.evicted, layer.keys, layer.values, layer.positions = bank, ev, k, v, p
+                layer.forgotten = fg
+                layer.invalidate_snapshot()
+            del self.restore_events[n_events:]
+            raise
+
+    def _forget(self, lst: list[int], verify: bool, t0: float, mem0: int) -> DeletionReceipt:
+        paths: dict[int, str] = {}
+        solver_recs: list[SolverDeletion] = []
+        fallbacks, restored, lost = [], [], []
+        for layer in self.layers:
+            bank = layer.bank
+            long = [p for p in lst if bank is not None and p in bank.history]
+            for p in lst:
+                path = PATH_EXACT if p in long else PATH_LOCAL
+                if paths.get(p, path) != path:
+                    path = f"{PATH_EXACT} (some layers), {PATH_LOCAL} (others)"
+                paths[p] = path
+            if long:
+                was_gated = bank.gated
+                removed_keys = self._keys_of(bank, long) if verify else None
+                for i, j, rec, dt in bank.remove(long):
+                    dev = self._refit_deviation(bank.solvers[i][j], removed_keys[i][j]) if verify else None
+                    solver_recs.append(SolverDeletion(layer.layer_idx, i, j, rec.kkt.as_dict(), dt, dev,
+                                                      tuple(int(x) for x in rec.readmitted), rec.in_warmup))
+                    for ev in self._restore(layer, set(rec.readmitted), trigger=f"forget({lst})"):
+                        (restored if ev.restored else lost).append((ev.layer, ev.position))
+                if was_gated and not bank.gated:
+                    fallbacks.append(layer.layer_idx)
+                    warnings.warn(f"CertifiedCache layer {layer.layer_idx}: after forget({lst}) only "
+                                  f"{len(bank.history)} admitted keys remain (< ceil(1/C)+2 = {self.warmup_size}); "
+                                  "the gate falls back to warm-up (ungated softmax)", stacklevel=3)
+            for p in lst:
+                layer.evicted.pop(p, None)
+            layer.drop_positions(set(lst))
+            layer.forgotten.update(lst)
+            layer.invalidate_snapshot()
+        return DeletionReceipt(
+            positions=tuple(lst), paths=paths, solvers=tuple(solver_recs), verified=verify, reencoded=False,
+            position_map=None, warmup_fallback_layers=tuple(fallbacks), restored=tuple(restored),
+            exactness_lost=tuple(lost), elapsed_s=time.perf_counter() - t0,
+            solver_elapsed_s=sum(r.elapsed_s for r in solver_recs), memory_bytes_before=mem0,
+            memory_bytes_after=self.memory_bytes(), scope=SCOPE_STATEMENT)
+
+    @staticmethod
+    def _keys_of(bank: SolverBank, positions: list[int]) -> list[list[np.ndarray]]:
+        """The fp64 keys ``[len(positions), d]`` of ``positions`` in every solver (active or evicted)."""
+        out = []
+        for row in bank.solvers:
+            r = []
+            for s in row:
+                st = s.state_dict()
+                ids = {int(i): k for k, i in enumerate(s.ids)}
+                X = s.keys
+                r.append(np.stack([X[ids[p]] if p in ids else st["evicted"][p] for p in positions]))
+            out.append(r)
+        return out
+
+    @staticmethod
+    def _refit_deviation(solver: Any, removed: np.ndarray) -> float | None:
+        """``max |f_solver - f_refit|`` on the retained history and the removed keys."""
+        from sv_attention.svdd import refit
+
+        if not solver.has_solution:
+            return None
+        ev = solver.state_dict()["evicted"]
+        ids = np.concatenate([solver.ids, np.array(sorted(ev), dtype=np.int64)])
+        X = np.concatenate([solver.keys] + ([np.stack([ev[i] for i in sorted(ev)])] if ev else []))
+        ref = refit(X, C=solver.C, sigma=solver.sigma, ids=ids)
+        probes = np.concatenate([X, removed])
+        return float(np.abs(solver.decision_function(probes) - ref.decision_function(probes)).max())
+
+    # ------------------------------------------------------------------ re-encoding / truncation
+    def _truncate(self, m: int) -> None:
+        """Keep positions ``< m`` only; the solvers are rebuilt from their stored fp64 keys so that they
+        hold exactly what a cache that saw only those ``m`` positions would hold."""
+        c = self.chunk
+        target = ((m - 1) // c) * c if m > 0 else 0
+        for layer in self.layers:
+            if not layer.is_initialized:
+                continue
+            drop = {int(p) for p in layer.slot_positions() if p >= m}
+            layer.drop_positions(drop)
+            layer.evicted = {p: kv for p, kv in layer.evicted.items() if p < m}
+            layer.forgotten = {p for p in layer.forgotten if p < m}
+            layer.seen = min(layer.seen, m)
+            bank = layer.bank
+            if bank is not None:
+                keys = self._history_keys(bank)  # [b][h] -> {pos: key}
+                if target < c:
+                    layer.bank = None
+                else:
+                    new = SolverBank(bank.C, bank.sigma)
+                    keep = sorted(p for p in bank.history if p < target)
+                    for lo in range(0, target, c):
+                        blk = [p for p in keep if lo <= p < lo + c]
+                        if not blk:
+                            continue
+                        for i, j, s in new.each():
+                            s.add(np.stack([keys[i][j][p] for p in blk]), ids=blk)
+                        new.history.update(blk)
+                    layer.bank = new
+            layer.admitted_upto = min(layer.admitted_upto, target)
+            layer.invalidate_snapshot()
+
+    @staticmethod
+    def _history_keys(bank: SolverBank) -> list[list[dict[int, np.ndarray]]]:
+        out = []
+        for row in bank.solvers:
+            r = []
+            for s in row:
+                d = {int(i): x for i, x in zip(s.ids, s.keys, strict=True)}
+                d.update({int(i): x for i, x in s.state_dict()["evicted"].items()})
+                r.append(d)
+            out.append(r)
+        return out
+
+    def _forget_reencode(self, lst: list[int], model: Any, input_ids: torch.Tensor, t0: float) -> DeletionReceipt:
+        mem0 = self.memory_bytes()
+        seen = self.get_seq_length()
+        m = lst[0]
+        gone = set(lst) | set().union(*(layer.forgotten for layer in self.layers))
+        kept = [p for p in range(m, seen) if p not in gone]
+        suffix = input_ids[:, kept]
+        self._truncate(m)
+        if suffix.shape[1]:
+            params = inspect.signature(model.forward).parameters
+            kw = {"cache": self} if "cache" in params else {"past_key_values": self}
+            with torch.no_grad():
+                model(input_ids=suffix.to(model.device), use_cache=True, **kw)
+        pmap = {p: m + k for k, p in enumerate(kept)}
+        return DeletionReceipt(
+            positions=tuple(lst), paths={p: PATH_REENCODED for p in lst}, solvers=(), verified=False,
+            reencoded=True, position_map=pmap, warmup_fallback_layers=(), restored=(), exactness_lost=(),
+            elapsed_s=time.perf_counter() - t0, solver_elapsed_s=0.0, memory_bytes_before=mem0,
+            memory_bytes_after=self.memory_bytes(), scope=SCOPE_STATEMENT_REENCODED)
+
+    # ------------------------------------------------------------------ status
+    def certificate(self) -> dict[str, Any]:
+        """Per layer: gated / warm-up, admitted keys, slots, physically evicted tokens, whether every
+        solver holds a certificate, the largest KKT residual; plus the restore events so far."""
+        layers = []
+        for layer in self.layers:
+            bank = layer.bank
+            ok, reason, kkt = bank.certified() if bank is not None else (False, "no chunk boundary yet", 0.0)
+            layers.append({"layer": layer.layer_idx, "gated": bool(bank is not None and bank.gated),
+                           "admitted": len(bank.history) if bank is not None else 0, "slots": layer.n_slots,
+                           "evicted": len(layer.evicted), "certified": ok, "reason": reason, "kkt_max": kkt})
+        lost = [e for e in self.restore_events if not e.restored]
+        return {"layers": layers, "exact": not lost,
+                "restore_events": [(e.layer, e.position, e.restored, e.trigger) for e in self.restore_events]}
+
+    def __repr__(self) -> str:
+        return (f"CertifiedCache(layers={len(self.layers)}, seen={self.get_seq_length()}, "
+                f"slots={self.slots_per_layer()}, C={self.C:.4g}, chunk={self.chunk})")
