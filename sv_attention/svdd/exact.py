@@ -630,6 +630,8 @@ class IncrementalSVDD(ReadAPI):
             cands = (t_end, t_join, tS[iS] if iS >= 0 else np.inf, tB[iB])
             kind = int(np.argmin(cands))
             t = float(cands[kind])
+            if kind != 0 and t_end <= t + 1e-13 * C:
+                kind, t = 0, float(t_end)  # a tie with the end of the sweep ends it (no spurious empty S)
             if not np.isfinite(t):
                 raise _WalkFailed("no event bounds the sweep")
             dt = t * direction
@@ -662,6 +664,7 @@ class IncrementalSVDD(ReadAPI):
                     st[k] = RESERVE
                 g[k] = 0.0
                 last_left = k
+                tabu.clear()  # a refused (degenerate) join may be possible against the smaller S
                 continue
             k = iB
             g[k] = 0.0
@@ -695,6 +698,9 @@ class IncrementalSVDD(ReadAPI):
                 raise _WalkFailed("swept key could not join an empty margin set")
             dr = steps[k]
         else:
+            if self._alpha[c] <= 1e-13 * self.C:  # rounding residue of a tie: the sweep is over
+                self._alpha[c] = 0.0
+                return True
             # lower rho: the first reserve key reaches g = 0 and can take up mass
             cand = (st == RESERVE) & ~mask_tabu
             cand[c] = False
