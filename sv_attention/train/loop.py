@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,9 @@ from sv_attention.train.model import build_model, load_pretrained
 from sv_attention.train.schedule import make_scheduler, param_groups
 
 LN2 = math.log(2.0)
+RESUME_FREE = frozenset({"run_dir", "keep_checkpoints", "save_every", "eval_every", "log_every", "cpu",
+                         "eval_batch_size"})
+"""TrainConfig fields that may differ between a checkpoint and the run resuming it (bookkeeping only)."""
 
 
 @dataclass
@@ -204,9 +208,11 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, acceler
     if ckpt is not None:
         state = read_trainer_state(ckpt)
         saved = TrainConfig.from_json(state["train_config"])
-        diff = {k for k, v in saved.to_json().items() if cfg.to_json()[k] != v} - {"steps", "save_every",
-                                                                                   "eval_every", "log_every"}
-        if diff:
+        diff = {k for k, v in saved.to_json().items() if cfg.to_json()[k] != v} - RESUME_FREE
+        if diff == {"steps"}:
+            warnings.warn(f"resuming {ckpt} with steps={cfg.steps} instead of {saved.steps}: the cosine schedule "
+                          "changes from here on, so the run differs from an uninterrupted one.", stacklevel=2)
+        elif diff:
             raise InvalidInputError(
                 f"cannot resume {ckpt}: the config differs in {sorted(diff)}; use the saved config "
                 f"({ckpt / 'trainer_state.json'}) or a new --run-dir.")
