@@ -1,0 +1,311 @@
+"""CertifiedCache: certified eviction, the reserve re-check, exact deletion, receipts, typed errors."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import sv_attention
+from sv_attention.errors import (
+    DuplicateIdError,
+    InfeasibleBoxError,
+    InvalidInputError,
+    UnknownIdError,
+    UnsupportedFeatureError,
+)
+from sv_attention.hf.cache import CertifiedCache
+from sv_attention.hf.cache_receipts import PATH_EXACT, PATH_LOCAL
+from sv_attention.hf.gate_handoff import clear_pending_gates, pop_pending_gate
+from sv_attention.svdd import refit
+
+CHUNK = 8
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _kv(points: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    k = torch.tensor(points, dtype=torch.float64)[None, None]  # [1, 1, m, 2]
+    return k, k.clone()
+
+
+def _counterexample_cache(offload: str | None) -> CertifiedCache:
+    """DESIGN §2.2: keys (-1,0), (1,0), (0,0.9), C = 1, sigma = 5; one token per chunk."""
+    cache = CertifiedCache(num_layers=1, C=1.0, sigma=5.0, chunk=1, offload=offload)
+    cache.update(*_kv([[-1, 0], [1, 0], [0, 0.9]]), 0)
+    cache.update(*_kv([[0, -10]]), 0)  # query at position 3 reads the gate on positions 0..2
+    clear_pending_gates()
+    return cache
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    m = LlamaForCausalLM(cfg).eval()
+    sv_attention.enable(m, "sv_attention", nu=0.3, chunk=CHUNK)
+    return m
+
+
+def _prefill(model: LlamaForCausalLM, ids: torch.Tensor, **kw) -> tuple[CertifiedCache, torch.Tensor]:
+    cache = CertifiedCache(model.config, **kw)
+    with torch.no_grad():
+        logits = model(ids, cache=cache, use_cache=True).logits
+    return cache, logits
+
+
+def _step(model: LlamaForCausalLM, cache: CertifiedCache, tok: torch.Tensor, **kw) -> torch.Tensor:
+    with torch.no_grad():
+        return model(tok, cache=cache, use_cache=True, **kw).logits
+
+
+def _state(cache: CertifiedCache) -> list:
+    out = []
+    for layer in cache.layers:
+        solvers = [] if layer.bank is None else [s.state_dict() for _, _, s in layer.bank.each()]
+        out.append((layer.keys.clone(), layer.values.clone(), layer.positions.clone(), layer.seen,
+                    sorted(layer.forgotten), sorted(layer.evicted), solvers))
+    return out
+
+
+def _assert_same_state(a: list, b: list) -> None:
+    for la, lb in zip(a, b, strict=True):
+        for x, y in zip(la[:3], lb[:3], strict=True):
+            assert torch.equal(x, y)
+        assert la[3:6] == lb[3:6]
+        for sa, sb in zip(la[6], lb[6], strict=True):
+            assert sa.keys() == sb.keys()
+            for key in sa:
+                va, vb = sa[key], sb[key]
+                if isinstance(va, np.ndarray):
+                    np.testing.assert_array_equal(va, vb)
+                elif isinstance(va, dict):
+                    assert va.keys() == vb.keys()
+                    for kk in va:
+                        np.testing.assert_array_equal(np.asarray(va[kk]), np.asarray(vb[kk]))
+                else:
+                    assert va == vb
+
+
+# ---------------------------------------------------------------------------------------------- re-check
+def test_counterexample_revived_token_is_restored_from_offload() -> None:
+    cache = _counterexample_cache("cpu")
+    solver = cache.layers[0].bank.solvers[0][0]
+    assert solver.partition.reserve == (2,)
+    rep = cache.evict()
+    assert rep.certified and rep.layers[0].evicted_positions == (2,)
+    assert cache.layers[0].positions.tolist() == [0, 1, 3]
+    assert rep.memory_bytes_after < rep.memory_bytes_before
+    # admitting (0, -10) (at the next boundary) makes the old reserve key a support vector again
+    cache.update(*_kv([[0.3, 0.3]]), 0)
+    gate = pop_pending_gate(0)
+    assert [(e.position, e.restored) for e in cache.restore_events] == [(2, True)]
+    assert cache.layers[0].positions.tolist() == [0, 1, 2, 3, 4]
+    assert torch.equal(cache.layers[0].keys[0, 0, 2], torch.tensor([0.0, 0.9], dtype=torch.float64))
+    assert gate.key_positions.tolist() == [0, 1, 2, 3, 4]
+    assert abs(float(gate.weights[0, 0, 0, 2]) - 0.03327) < 5e-6
+    # the gate equals a from-scratch fit of the full history
+    ref = refit(np.array([[-1, 0], [1, 0], [0, 0.9], [0, -10]], dtype=np.float64), C=1.0, sigma=5.0)
+    np.testing.assert_allclose(gate.weights[0, 0, 0, :4].numpy(), ref.alpha, atol=1e-10)
+    assert cache.certificate()["exact"]
+
+
+def test_counterexample_without_offload_reports_lost_exactness() -> None:
+    cache = _counterexample_cache(None)
+    cache.evict()
+    assert cache.memory_report()["offload_bytes"] == 0
+    with pytest.warns(UserWarning, match="exactness is lost"):
+        cache.update(*_kv([[0.3, 0.3]]), 0)
+    clear_pending_gates()
+    assert [(e.position, e.restored) for e in cache.restore_events] == [(2, False)]
+    assert not cache.certificate()["exact"]
+
+
+# ---------------------------------------------------------------------------------------------- eviction
+def test_certified_eviction_shrinks_memory_and_keeps_logits(model: LlamaForCausalLM) -> None:
+    torch.manual_seed(1)
+    ids = torch.randint(0, 64, (1, 36))
+    ref, _ = _prefill(model, ids)
+    ev, _ = _prefill(model, ids)
+    before = [layer.keys.shape[-2] for layer in ev.layers]
+    rep = ev.evict()
+    assert rep.certified and rep.n_evicted > 0
+    after = [layer.keys.shape[-2] for layer in ev.layers]
+    assert all(a <= b for a, b in zip(after, before, strict=True)) and sum(after) < sum(before)
+    assert ev.memory_bytes() == rep.memory_bytes_after < rep.memory_bytes_before == ref.memory_bytes()
+    for le in rep.layers:
+        assert len(le.reserve_fraction) == 1 and len(le.reserve_fraction[0]) == 2  # [batch][kv-head]
+        # physical eviction needs reserve in every head: realised <= min per-head reserve fraction
+        assert le.realised_fraction <= min(le.reserve_fraction[0]) + 1e-12
+        assert le.kkt_max < 1e-9
+    # next-token logits (across two chunk boundaries) equal those without eviction
+    worst = 0.0
+    for _ in range(2 * CHUNK + 2):
+        tok = torch.randint(0, 64, (1, 1))
+        worst = max(worst, float((_step(model, ref, tok) - _step(model, ev, tok)).abs().max()))
+    assert worst <= 1e-5
+    assert ev.get_seq_length() == ref.get_seq_length()
+    assert all(e.restored for e in ev.restore_events)
+
+
+def test_budget_and_warmup_threshold(model: LlamaForCausalLM) -> None:
+    torch.manual_seed(2)
+    cache, _ = _prefill(model, torch.randint(0, 64, (1, 30)))
+    snap = _state(cache)
+    with pytest.raises(InvalidInputError, match="warm-up threshold"):
+        cache.evict(budget=cache.warmup_size - 1)
+    with pytest.raises(InvalidInputError):
+        cache.evict(budget=2.5)  # type: ignore[arg-type]
+    _assert_same_state(snap, _state(cache))
+    rep = cache.evict(budget=26)
+    for le in rep.layers:
+        assert le.n_slots_after == max(26, le.n_slots_before - len(le.evicted_positions))
+        assert le.n_slots_after <= 26 or not rep.budget_met
+    assert all(le.n_slots_after <= 26 for le in rep.layers) == rep.budget_met
+
+
+def test_prefill_equals_token_by_token_decode(model: LlamaForCausalLM) -> None:
+    torch.manual_seed(3)
+    ids = torch.randint(0, 64, (1, 3 * CHUNK + 3))
+    _, full = _prefill(model, ids)
+    cache = CertifiedCache(model.config)
+    steps = [_step(model, cache, ids[:, t:t + 1]) for t in range(ids.shape[1])]
+    assert float((torch.cat(steps, dim=1) - full).abs().max()) <= 1e-5
+
+
+def test_generate_uses_the_cache(model: LlamaForCausalLM) -> None:
+    torch.manual_seed(4)
+    ids = torch.randint(0, 64, (1, 12))
+    cache = CertifiedCache(model.config)
+    out = model.generate(ids, cache=cache, max_new_tokens=6, do_sample=False)
+    assert cache.get_seq_length() == out.shape[1] - 1
+    # greedy loop with a fresh cache gives the same tokens
+    c2, logits = _prefill(model, ids)
+    toks = [logits[:, -1].argmax(-1, keepdim=True)]
+    for _ in range(5):
+        toks.append(_step(model, c2, toks[-1])[:, -1].argmax(-1, keepdim=True))
+    assert torch.equal(out[:, 12:], torch.cat(toks, dim=1))
+
+
+# ---------------------------------------------------------------------------------------------- deletion
+def test_forget_long_range_is_the_exact_decrement(model: LlamaForCausalLM) -> None:
+    torch.manual_seed(5)
+    cache, _ = _prefill(model, torch.randint(0, 64, (1, 28)))
+    mem0 = cache.memory_bytes()
+    rep = cache.forget([3, 11], verify=True)
+    assert rep.paths == {3: PATH_EXACT, 11: PATH_EXACT}
+    assert len(rep.solvers) == 2 * 2  # layers x kv-heads
+    assert rep.max_kkt_residual < 1e-9 and rep.max_refit_deviation < 1e-8
+    assert "NOT removed unless reencode=True" in rep.scope
+    assert cache.memory_bytes() < mem0
+    for layer in cache.layers:
+        assert 3 not in layer.positions.tolist() and 11 not in layer.positions.tolist()
+    # the gate the next query reads is the from-scratch refit without the forgotten keys
+    _step(model, cache, torch.randint(0, 64, (1, 1)))
+    layer = cache.layers[0]
+    s = layer.bank.solvers[0][1]
+    keys = layer.keys[0, 1].double()
+    pos = layer.positions.numpy()
+    sel = pos < layer.admitted_upto
+    ref = refit(keys[sel].numpy(), C=s.C, sigma=s.sigma, ids=pos[sel])
+    np.testing.assert_allclose(s.alpha_of(pos[sel]), ref.alpha, atol=1e-9)
+    with pytest.raises(UnknownIdError):
+        cache.forget([3])
+
+
+def test_forget_current_chunk_is_the_local_path(model: LlamaForCausalLM) -> None:
+    torch.manual_seed(6)
+    ids = torch.randint(0, 64, (1, 2 * CHUNK + 3))  # current chunk holds positions 16..18
+    a, _ = _prefill(model, ids)
+    b, _ = _prefill(model, ids)
+    rep = a.forget([17])
+    assert rep.paths == {17: PATH_LOCAL} and rep.solvers == ()
+    tok = torch.randint(0, 64, (1, 1))
+    la = _step(model, a, tok)
+    mask = torch.ones(1, ids.shape[1] + 1, dtype=torch.long)
+    mask[0, 17] = 0  # the reference: the same token masked out, softmax renormalised over the rest
+    lb = _step(model, b, tok, attention_mask=mask)
+    assert float((la - lb).abs().max()) <= 1e-5
+
+
+def test_forget_reencode_equals_a_cache_that_never_saw_the_token(model: LlamaForCausalLM) -> None:
+    torch.manual_seed(7)
+    ids = torch.randint(0, 64, (1, 3 * CHUNK + 2))
+    cache, _ = _prefill(model, ids)
+    rep = cache.forget([10], reencode=True, model=model, input_ids=ids)
+    assert rep.reencoded and rep.position_map[11] == 10
+    never, _ = _prefill(model, torch.cat([ids[:, :10], ids[:, 11:]], dim=1))
+    for la, lb in zip(cache.layers, never.layers, strict=True):
+        assert la.positions.tolist() == lb.positions.tolist() and la.seen == lb.seen
+        assert la.admitted_upto == lb.admitted_upto
+        assert float((la.keys - lb.keys).abs().max()) <= 1e-5
+        assert float((la.values - lb.values).abs().max()) <= 1e-5
+        for (_, _, sa), (_, _, sb) in zip(la.bank.each(), lb.bank.each(), strict=True):
+            assert sa.ids.tolist() == sb.ids.tolist()
+            np.testing.assert_allclose(sa.alpha, sb.alpha, atol=1e-6)
+    tok = torch.randint(0, 64, (1, 1))
+    assert float((_step(model, cache, tok) - _step(model, never, tok)).abs().max()) <= 1e-5
+
+
+def test_bad_deletions_raise_and_leave_the_cache_unchanged(model: LlamaForCausalLM) -> None:
+    torch.manual_seed(8)
+    cache, _ = _prefill(model, torch.randint(0, 64, (1, 20)))
+    snap = _state(cache)
+    for bad, err in [([20], InvalidInputError), ([-1], InvalidInputError), ([2, 2], DuplicateIdError),
+                     ([], InvalidInputError), (["a"], InvalidInputError)]:
+        with pytest.raises(err):
+            cache.forget(bad)
+    with pytest.raises(InvalidInputError, match="reencode"):
+        cache.forget([1], reencode=True)
+    _assert_same_state(snap, _state(cache))
+    cache.forget([4])
+    snap = _state(cache)
+    with pytest.raises(UnknownIdError, match="already forgotten"):
+        cache.forget([4, 5])
+    _assert_same_state(snap, _state(cache))
+
+
+def test_deletion_below_the_box_is_refused() -> None:
+    cache = CertifiedCache(num_layers=1, C=0.25, sigma=2.0, chunk=6)
+    rng = np.random.default_rng(0)
+    pts = rng.normal(size=(7, 2)).tolist()
+    cache.update(*_kv(pts), 0)  # positions 0..5 admitted at the boundary 6 (n*C = 1.5)
+    clear_pending_gates()
+    snap = _state(cache)
+    with pytest.raises(InfeasibleBoxError, match="n\\*C|C ="):
+        cache.forget([0, 1, 2])
+    _assert_same_state(snap, _state(cache))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rep = cache.forget([0, 1])  # 4 keys * 0.25 = 1: feasible, but below warm-up ceil(4)+2
+    assert rep.warmup_fallback_layers == (0,)
+
+
+def test_unsupported_uses_are_refused(model: LlamaForCausalLM) -> None:
+    cache, _ = _prefill(model, torch.randint(0, 64, (1, 5)))
+    with pytest.raises(UnsupportedFeatureError):
+        cache.batch_repeat_interleave(2)
+    with pytest.raises(UnsupportedFeatureError):
+        cache.reorder_cache(torch.tensor([0]))
+    from transformers import Qwen2Config
+
+    qcfg = Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
+                       max_window_layers=1)
+    with pytest.raises(UnsupportedFeatureError):
+        CertifiedCache(qcfg)
+    assert sv_attention.CertifiedCache is CertifiedCache
+
+
+def test_crop_returns_to_a_shorter_prefix(model: LlamaForCausalLM) -> None:
+    torch.manual_seed(9)
+    ids = torch.randint(0, 64, (1, 2 * CHUNK + 4))
+    cache, _ = _prefill(model, ids)
+    cache.crop(-6)
+    short, _ = _prefill(model, ids[:, :-6])
+    assert cache.get_seq_length() == short.get_seq_length() == ids.shape[1] - 6
+    tok = ids[:, -6:-5]
+    assert float((_step(model, cache, tok) - _step(model, short, tok)).abs().max()) <= 1e-5
