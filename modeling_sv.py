@@ -148,13 +148,30 @@ def _dropout(weights: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return F.dropout(weights, p=p, training=training) if p > 0.0 else weights
 
 
-def softmax_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs: Any,
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain causal softmax attention (the mask carries causality and padding)."""
+def softmax_reference(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention with explicit weights (the plain reference; used for ``output_attentions``)."""
     weights = masked_softmax_weights(query, key, mask, scaling)
     out = torch.matmul(_dropout(weights, dropout, module.training), value.to(weights.dtype))
     return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
+
+
+def softmax_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
+                     output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Causal softmax attention (the mask carries causality and padding).
+
+    Runs :func:`sv_attention.ops.ceq.stock_attention` (transformers' SDPA path), the same stock path the
+    ceq hybrid adds its hops to, so ``ceq`` with alpha = 0 is bitwise this operator. With
+    ``output_attentions`` the explicit :func:`softmax_reference` runs instead and returns the weights.
+    """
+    if output_attentions:
+        return softmax_reference(module, query, key, value, mask, scaling, dropout)
+    from sv_attention.ops.ceq import stock_attention
+
+    out = stock_attention(query, key, value, mask, scaling=scaling, dropout=dropout, training=module.training)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def window_mask(query_slots: torch.Tensor, key_slots: torch.Tensor, window: int) -> torch.Tensor:
@@ -175,7 +192,7 @@ def swa_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
         query_slots = torch.arange(kv_len - q_len, kv_len, device=query.device)
     local = window_mask(query_slots, key_slots, window)[None, None]
     mask = local if mask is None else (mask & local)
-    return softmax_operator(module, query, key, value, mask, scaling, dropout)
+    return softmax_operator(module, query, key, value, mask, scaling, dropout, **kwargs)
 
 
 def ceq_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -1,0 +1,227 @@
+"""The sv_lm remote-code model: parameter counts, operators vs references, caching, generation, plumbing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AttentionInterface
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from configuration_sv import SVConfig
+from modeling_sv import CACHE_FIELD, SVForCausalLM, SVLMCache, sv_operator_attention
+from sv_attention.artifact.params import count_parameters
+from sv_attention.errors import InvalidInputError
+from sv_attention.ops.baselines import softmax_attention
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=48)
+CACHED_OPERATORS = [
+    ("softmax", {}),
+    ("swa", {"window": 5}),
+    ("ceq", {}),
+    ("ceq", {"gate": "signed"}),
+    ("ceq_path_sum", {}),
+]
+
+
+def tiny(operator="softmax", knobs=None, seed=0, **kw):
+    torch.manual_seed(seed)
+    return SVForCausalLM(SVConfig(operator=operator, operator_config=knobs, **{**TINY, **kw})).eval()
+
+
+def _perturb_alpha(model, value=0.7):
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer.attn, "ceq_alpha"):
+                layer.attn.ceq_alpha.fill_(value)
+
+
+def test_published_parameter_count():
+    with torch.device("meta"):
+        model = SVForCausalLM(SVConfig())
+    c = count_parameters(model)
+    # token 65,536 + position 65,536 + 4 x (262,144 qkvo + 525,568 MLP + 1,024 LN) + 512 final LN
+    assert c["total"] == 3_286_528 == model.num_parameters()
+    assert c["excluding_tied_head"] == 3_220_992
+    assert c["excluding_embeddings"] == 3_155_456
+    assert c["per_module"]["lm_head"] == 0
+    with torch.device("meta"):
+        biased = SVForCausalLM(SVConfig(attention_bias=True))
+    assert count_parameters(biased)["total"] == 3_290_624
+
+
+def test_head_is_tied_and_ceq_alpha_is_operator_specific():
+    m = tiny("ceq")
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    c = count_parameters(m)
+    assert c["operator_specific"] == {f"model.layers.{i}.attn.ceq_alpha": 1 for i in range(2)}
+    assert all(float(layer.attn.ceq_alpha.detach()) == 0.0 for layer in m.model.layers)
+
+
+def test_softmax_operator_matches_reference():
+    m = tiny()
+    attn = m.model.layers[0].attn
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 9, 16) for _ in range(3))
+    mask = torch.ones(9, 9, dtype=torch.bool).tril()[None, None]
+    out, none = sv_operator_attention(attn, q, k, v, mask, scaling=0.25)
+    explicit, weights = sv_operator_attention(attn, q, k, v, mask, scaling=0.25, output_attentions=True)
+    ref = softmax_attention(q, k, v, scale=0.25, causal=True)
+    assert none is None and weights.shape == (2, 2, 9, 9)
+    torch.testing.assert_close(out.transpose(1, 2), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(explicit.transpose(1, 2), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_swa_matches_explicit_window_loop():
+    m = tiny("swa", {"window": 3})
+    attn = m.model.layers[0].attn
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()[None, None]
+    out, _ = sv_operator_attention(attn, q, k, v, mask, scaling=0.25)
+    for i in range(8):
+        lo = max(0, i - 2)
+        w = torch.softmax(q[:, :, i:i + 1] @ k[:, :, lo:i + 1].transpose(-1, -2) * 0.25, -1)
+        torch.testing.assert_close(out[:, i:i + 1].transpose(1, 2), w @ v[:, :, lo:i + 1], rtol=1e-5, atol=1e-6)
+
+
+def test_ceq_at_init_equals_softmax_bitwise():
+    soft, ceq = tiny("softmax", seed=3), tiny("ceq", seed=3)
+    missing = ceq.load_state_dict(soft.state_dict(), strict=False)
+    assert set(missing.missing_keys) == {f"model.layers.{i}.attn.ceq_alpha" for i in range(2)}
+    x = torch.randint(0, 256, (2, 11))
+    with torch.no_grad():
+        assert torch.equal(soft(x, use_cache=False).logits, ceq(x, use_cache=False).logits)
+        _perturb_alpha(ceq)
+        assert not torch.allclose(soft(x, use_cache=False).logits, ceq(x, use_cache=False).logits)
+
+
+@pytest.mark.parametrize("op, knobs", CACHED_OPERATORS)
+def test_cached_equals_uncached(op, knobs):
+    m = tiny(op, knobs)
+    _perturb_alpha(m)
+    x = torch.randint(0, 256, (2, 14))
+    with torch.no_grad():
+        full = m(x, use_cache=False).logits
+        parts, cache = [], None
+        for a, b in ((0, 6), (6, 7), (7, 10), (10, 11), (11, 14)):
+            out = m(x[:, a:b], cache=cache, use_cache=True)
+            cache = getattr(out, CACHE_FIELD)
+            parts.append(out.logits)
+    assert isinstance(cache, SVLMCache)
+    assert (torch.cat(parts, 1) - full).abs().max() <= 1e-5
+    g1 = m.generate(x[:, :4], max_new_tokens=12, do_sample=False)
+    g2 = m.generate(x[:, :4], max_new_tokens=12, do_sample=False, use_cache=False)
+    assert torch.equal(g1, g2)
+
+
+def test_both_cache_spellings_and_output_field():
+    assert CACHE_FIELD in CausalLMOutputWithPast.__dataclass_fields__
+    m = tiny("ceq_path_sum")
+    x = torch.randint(0, 256, (1, 9))
+    with torch.no_grad():
+        full = m(x, use_cache=False).logits
+        a = m(x[:, :5], use_cache=True)
+        b1 = m(x[:, 5:], cache=getattr(a, CACHE_FIELD)).logits
+        a = m(x[:, :5], use_cache=True)
+        b2 = m(x[:, 5:], past_key_values=getattr(a, CACHE_FIELD)).logits
+    torch.testing.assert_close(b1, full[:, 5:], rtol=0, atol=1e-5)
+    torch.testing.assert_close(b2, full[:, 5:], rtol=0, atol=1e-5)
+
+
+def test_left_padding_matches_unpadded():
+    m = tiny("ceq")
+    _perturb_alpha(m)
+    x = torch.randint(1, 256, (1, 7))
+    pad = torch.cat([torch.zeros(1, 3, dtype=torch.long), x], 1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 7, dtype=torch.long)], 1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ref = m(x, use_cache=False).logits
+        got = m(pad, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, 3:]
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_batched_generate_with_padding_matches_single():
+    m = tiny("swa", {"window": 4})
+    a, b = torch.randint(1, 256, (1, 6)), torch.randint(1, 256, (1, 3))
+    ids = torch.cat([a, torch.cat([torch.zeros(1, 3, dtype=torch.long), b], 1)], 0)
+    mask = (torch.arange(6)[None] >= torch.tensor([[0], [3]])).long()
+    batch = m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    single = m.generate(b, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(batch[1, 6:], single[0, 3:])
+
+
+def test_gradient_checkpointing_gives_same_loss_and_grads():
+    x = torch.randint(0, 256, (2, 10))
+    grads = []
+    for ckpt in (False, True):
+        m = tiny("ceq", seed=4).train()
+        _perturb_alpha(m, 0.3)
+        if ckpt:
+            (getattr(m, "activation_checkpointing_enable", None) or m.gradient_checkpointing_enable)()
+        out = m(x, labels=x)
+        out.loss.backward()
+        grads.append((out.loss.detach(), m.model.layers[0].attn.q_proj.weight.grad.clone(),
+                      m.model.layers[1].attn.ceq_alpha.grad.clone()))
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(grads[0][2], grads[1][2], rtol=1e-5, atol=1e-7)
+    assert grads[0][2].abs() > 0
+
+
+def test_loss_is_next_byte_cross_entropy():
+    m = tiny()
+    x = torch.randint(0, 256, (2, 8))
+    out = m(x, labels=x)
+    ref = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 256), x[:, 1:].reshape(-1))
+    torch.testing.assert_close(out.loss, ref)
+
+
+def test_set_attn_implementation_swaps_the_function():
+    calls = []
+
+    def probe(module, query, key, value, attention_mask, **kw):
+        calls.append(module.layer_idx)
+        return sv_operator_attention(module, query, key, value, attention_mask, **kw)
+
+    AttentionInterface.register("svlm_test_probe", probe)
+    m = tiny()
+    assert m.config._attn_implementation == "eager"
+    x = torch.randint(0, 256, (1, 5))
+    with torch.no_grad():
+        ref = m(x, use_cache=False).logits
+        m.set_attn_implementation("svlm_test_probe")
+        got = m(x, use_cache=False).logits
+        assert calls == [0, 1]
+        m.set_attn_implementation("eager")
+        m(x, use_cache=False)
+    assert calls == [0, 1]
+    assert torch.equal(ref, got)
+
+
+def test_output_attentions_softmax_rows_sum_to_one():
+    m = tiny()
+    with torch.no_grad():
+        out = m(torch.randint(0, 256, (1, 6)), output_attentions=True, use_cache=False)
+    assert len(out.attentions) == 2
+    torch.testing.assert_close(out.attentions[0].sum(-1), torch.ones(1, 2, 6))
+
+
+def test_bad_inputs_raise_typed_errors():
+    m = tiny()
+    with pytest.raises(InvalidInputError, match="block size"):
+        m(torch.zeros(1, 49, dtype=torch.long))
+    with pytest.raises(InvalidInputError, match=r"\[0, 256\)"):
+        m(torch.full((1, 3), 256))
+
+
+def test_from_pretrained_recomputes_nonpersistent_buffer(tmp_path):
+    m = tiny("ceq")
+    _perturb_alpha(m, 0.25)
+    m.save_pretrained(tmp_path)
+    m2 = SVForCausalLM.from_pretrained(tmp_path).eval()
+    assert torch.equal(m2.model.position_ids, torch.arange(48))
+    assert float(m2.model.layers[0].attn.ceq_alpha.detach()) == 0.25
+    x = torch.randint(0, 256, (1, 7))
+    with torch.no_grad():
+        assert torch.equal(m(x, use_cache=False).logits, m2(x, use_cache=False).logits)
