@@ -1,0 +1,249 @@
+"""The "sv_attention" attention function, called directly with the transformers v5 contract."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from sv_attention.errors import InvalidInputError, UnsupportedFeatureError
+from sv_attention.hf.attention import STATE_ATTR, sv_attention_forward
+from sv_attention.hf.gate_handoff import GateHandoff, clear_pending_gates, set_pending_gate
+from sv_attention.hf.settings import SVSettings
+from sv_attention.hf.sv_gate import positions_from_mask
+from sv_attention.kernels import median_bandwidth, rbf_gram
+from sv_attention.svdd.batched import solve_batched
+
+
+class Cfg:
+    def __init__(self, **sv):
+        if sv:
+            self.sv_attention = sv
+
+
+class Mod(torch.nn.Module):
+    def __init__(self, is_causal=True, layer_idx=0, window=None, **sv):
+        super().__init__()
+        self.config = Cfg(**sv)
+        self.is_causal = is_causal
+        self.layer_idx = layer_idx
+        self.sliding_window = window
+        self.eval()
+
+
+def qkv(b=2, h=4, g=2, q=12, kv=12, d=8, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, h, q, d, generator=gen, dtype=dtype), torch.randn(b, g, kv, d, generator=gen, dtype=dtype),
+            torch.randn(b, g, kv, d, generator=gen, dtype=dtype))
+
+
+def plain(q, k, v, allowed, scaling=None):
+    """Reference masked softmax attention, [b, h, q, d] (allowed: [b, q, kv])."""
+    r = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(r, 1), v.repeat_interleave(r, 1)
+    sc = scaling if scaling is not None else q.shape[-1] ** -0.5
+    lg = (q @ kk.transpose(-1, -2)) * sc
+    lg = lg.masked_fill(~allowed[:, None], float("-inf"))
+    return torch.softmax(lg, -1) @ vv
+
+
+def causal(b, q, kv):
+    return (torch.arange(kv)[None, :] <= torch.arange(kv - q, kv)[:, None])[None].expand(b, q, kv)
+
+
+def test_contract_shape_gqa_and_gate_off_equals_softmax():
+    q, k, v = qkv()
+    mod = Mod(gate=False)
+    mask = causal(2, 12, 12)[:, None].clone()
+    mask[1, :, :, :3] = False  # left padding of row 1
+    out, w = sv_attention_forward(mod, q, k, v, mask, scaling=0.3)
+    assert out.shape == (2, 12, 4, 8) and w is None
+    ref = plain(q, k, v, mask[:, 0], scaling=0.3).transpose(1, 2)
+    real = mask[:, 0].any(-1)  # rows with a visible key
+    assert torch.allclose(out[real[:, :, None, None].expand_as(out)], ref[real[:, :, None, None].expand_as(ref)],
+                          atol=1e-6)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("kind", ["bool", "float", "none", "2d"])
+def test_mask_forms(kind):
+    q, k, v = qkv(q=5, kv=5)
+    mod = Mod(gate=False)
+    allowed = causal(2, 5, 5)
+    if kind == "bool":
+        mask = allowed[:, None]
+    elif kind == "float":
+        mask = torch.where(allowed[:, None], 0.0, torch.finfo(torch.float32).min)
+    elif kind == "2d":
+        mask = torch.ones(2, 5, dtype=torch.long)
+        allowed = torch.ones(2, 5, 5, dtype=torch.bool)
+    else:
+        mask = None
+    out, _ = sv_attention_forward(mod, q, k, v, mask)
+    assert torch.allclose(out, plain(q, k, v, allowed).transpose(1, 2), atol=1e-6)
+
+
+def test_none_mask_follows_sdpa_conventions_and_encoders():
+    q, k, v = qkv(q=1, kv=7)
+    out, _ = sv_attention_forward(Mod(gate=False), q, k, v, None)  # decode: every key
+    assert torch.allclose(out, plain(q, k, v, torch.ones(2, 1, 7, dtype=torch.bool)).transpose(1, 2), atol=1e-6)
+    q, k, v = qkv(q=6, kv=6)
+    out, _ = sv_attention_forward(Mod(is_causal=False, gate=False), q, k, v, None)
+    assert torch.allclose(out, plain(q, k, v, torch.ones(2, 6, 6, dtype=torch.bool)).transpose(1, 2), atol=1e-6)
+    out2, _ = sv_attention_forward(Mod(gate=False), q, k, v, None, is_causal=False)  # keyword overrides
+    assert torch.allclose(out, out2)
+
+
+@pytest.mark.parametrize("kw", [{"softcap": 30.0}, {"s_aux": torch.zeros(4)}, {"position_bias": torch.zeros(1)}])
+def test_semantic_kwargs_are_refused(kw):
+    q, k, v = qkv(q=3, kv=3)
+    with pytest.raises(UnsupportedFeatureError, match=next(iter(kw))):
+        sv_attention_forward(Mod(), q, k, v, None, **kw)
+
+
+def test_bad_shapes_raise():
+    q, k, v = qkv(h=3, g=2)
+    with pytest.raises(InvalidInputError):
+        sv_attention_forward(Mod(), q, k, v, None)
+
+
+def test_output_attentions_and_dropout():
+    q, k, v = qkv(q=6, kv=6)
+    out, w = sv_attention_forward(Mod(gate=False), q, k, v, None, output_attentions=True)
+    assert w.shape == (2, 4, 6, 6)
+    assert torch.allclose(w.sum(-1), torch.ones(2, 4, 6), atol=1e-6)
+    assert (w.triu(1) == 0).all()
+    torch.manual_seed(0)
+    out_d, w_d = sv_attention_forward(Mod(gate=False), q, k, v, None, dropout=0.5, output_attentions=True)
+    assert (w_d == 0).sum() > (w == 0).sum()  # dropped weights
+    assert not torch.allclose(out_d, out)
+
+
+def reference_gate_output(q, k, v, *, C, chunk, sc):
+    """Single sequence, plain loops: chunk-frozen softmax-hybrid (DESIGN §2.5), gate from solve_batched."""
+    h, n = q.shape[1], q.shape[2]
+    g = k.shape[1]
+    r = h // g
+    warm = math.ceil(1.0 / C - 1e-9) + 2
+    sigma = median_bandwidth(k[0, :, :chunk])  # [g]
+    out = torch.zeros(1, h, n, v.shape[-1])
+    for i in range(n):
+        s = (i // chunk) * chunk
+        for hh in range(h):
+            kv_head = hh // r
+            logits = (k[0, kv_head, : i + 1] @ q[0, hh, i]) * sc
+            p = torch.softmax(logits, 0)
+            gate = torch.ones(i + 1)
+            if s >= chunk and s >= warm:
+                gram = rbf_gram(k[0, kv_head, :s], sigma=float(sigma[kv_head]))[None]
+                alpha = solve_batched(gram, torch.ones(1, s, dtype=torch.bool), C).alpha[0].clamp_min(0)
+                gate[:s] = alpha
+            w = p * gate
+            out[0, hh, i] = (w / w.sum()) @ v[0, kv_head, : i + 1]
+    return out
+
+
+def test_chunk_frozen_gate_matches_plain_reference():
+    q, k, v = qkv(b=1, q=20, kv=20, d=4, seed=3)
+    mod = Mod(nu=0.5, chunk=6)
+    st = SVSettings(nu=0.5, chunk=6)
+    out, _ = sv_attention_forward(mod, q, k, v, causal(1, 20, 20)[:, None], scaling=0.5)
+    ref = reference_gate_output(q, k, v, C=st.box, chunk=6, sc=0.5)
+    assert torch.allclose(out.transpose(1, 2), ref, atol=1e-5)
+    # chunk 0 is plain causal softmax; later chunks differ from it
+    soft = plain(q, k, v, causal(1, 20, 20), scaling=0.5)
+    assert torch.allclose(out.transpose(1, 2)[:, :, :6], soft[:, :, :6], atol=1e-6)
+    assert not torch.allclose(out.transpose(1, 2)[:, :, 12:], soft[:, :, 12:], atol=1e-4)
+
+
+def test_left_padding_gives_each_sequence_its_own_gate():
+    q, k, v = qkv(b=1, q=14, kv=14, d=4, seed=4)
+    pad = 3
+    qp = torch.cat([torch.randn(1, 4, pad, 4), q], 2)
+    kp = torch.cat([torch.randn(1, 2, pad, 4), k], 2)
+    vp = torch.cat([torch.randn(1, 2, pad, 4), v], 2)
+    m = causal(1, 14 + pad, 14 + pad).clone()
+    m[:, :, :pad] = False
+    alone, _ = sv_attention_forward(Mod(nu=0.5, chunk=5), q, k, v, causal(1, 14, 14)[:, None])
+    padded, _ = sv_attention_forward(Mod(nu=0.5, chunk=5), qp, kp, vp, m[:, None])
+    assert torch.allclose(padded[:, pad:], alone, atol=1e-6)
+
+
+def test_positions_from_mask():
+    m = causal(1, 5, 5).clone()
+    m[:, :, :2] = False
+    valid, kpos, qpos = positions_from_mask(m)
+    assert valid.tolist() == [[False, False, True, True, True]]
+    assert kpos.tolist() == [[-1, -1, 0, 1, 2]]
+    assert qpos.tolist() == [[-1, -1, 0, 1, 2]]
+
+
+def test_decode_state_equals_prefill_and_detects_changes():
+    q, k, v = qkv(b=2, q=16, kv=16, d=4, seed=5)
+    mod = Mod(nu=0.5, chunk=4)
+    full, _ = sv_attention_forward(mod, q, k, v, causal(2, 16, 16)[:, None], use_cache=True)
+    mod2 = Mod(nu=0.5, chunk=4)
+    steps = [sv_attention_forward(mod2, q[:, :, :7], k[:, :, :7], v[:, :, :7], causal(2, 7, 7)[:, None],
+                                  use_cache=True)[0]]
+    for t in range(7, 16):
+        steps.append(sv_attention_forward(mod2, q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1],
+                                          causal(2, 1, t + 1)[:, None], use_cache=True)[0])
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-6)
+    assert STATE_ATTR in mod2.__dict__
+    # a reordered batch (beam search) is detected by the key fingerprint and recomputed correctly
+    perm = torch.tensor([1, 0])
+    out_perm, _ = sv_attention_forward(mod2, q[perm][:, :, 15:], k[perm], v[perm], causal(2, 1, 16)[:, None],
+                                       use_cache=True)
+    assert torch.allclose(out_perm, full[perm][:, 15:], atol=1e-6)
+    # a crop (DynamicCache.crop) followed by different tokens is recomputed too
+    k2 = k.clone()
+    k2[:, :, 9:] += 1.0
+    mod3 = Mod(nu=0.5, chunk=4)
+    ref, _ = sv_attention_forward(mod3, q, k2, v, causal(2, 16, 16)[:, None], use_cache=False)
+    out_crop, _ = sv_attention_forward(mod2, q[:, :, 9:], k2, v, causal(2, 7, 16)[:, None], use_cache=True)
+    assert torch.allclose(out_crop, ref[:, 9:], atol=1e-6)
+
+
+def test_certified_cache_handoff_is_used_with_positions():
+    clear_pending_gates()
+    q, k, v = qkv(b=1, q=1, kv=6, d=4, seed=6)
+    weights = torch.tensor([1.0, 0.0, 0.5, 1.0, 1.0, 1.0]).expand(1, 2, 1, 6)
+    # slot 5 holds a key at position 9 > the query's position 8: causality comes from positions
+    set_pending_gate(GateHandoff(layer_idx=3, weights=weights, key_positions=torch.tensor([0, 1, 2, 6, 7, 9]),
+                                 query_positions=torch.tensor([8])))
+    mask = torch.ones(1, 1, 1, 6, dtype=torch.bool)
+    mask[..., 0] = False  # padding from the mask is kept
+    out, w = sv_attention_forward(Mod(layer_idx=3), q, k, v, mask, output_attentions=True)
+    allowed = torch.tensor([False, False, True, True, True, False])
+    r = 2
+    lg = (q[0] @ k[0].repeat_interleave(r, 0).transpose(-1, -2)) * 0.5  # [h, 1, 6]
+    p = torch.softmax(lg.masked_fill(~allowed, float("-inf")), -1) * weights[0, 0].clamp_min(0)
+    p = p / p.sum(-1, keepdim=True)
+    assert torch.allclose(w[0], p, atol=1e-6)
+    assert torch.allclose(out[0].transpose(0, 1), p @ v[0].repeat_interleave(r, 0), atol=1e-6)
+    # consumed once: the next call computes its own (here: gate-free, short) attention
+    out2, w2 = sv_attention_forward(Mod(layer_idx=3), q, k, v, mask, output_attentions=True)
+    assert w2[0, :, 0, 1].gt(0).all()
+
+
+def test_sliding_window_policy():
+    q, k, v = qkv(q=6, kv=6)
+    win = causal(2, 6, 6) & (torch.arange(6)[None, :] > torch.arange(6)[:, None] - 3)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        out, _ = sv_attention_forward(Mod(window=3, nu=0.5, chunk=2), q, k, v, win[:, None])
+    assert torch.allclose(out, plain(q, k, v, win).transpose(1, 2), atol=1e-6)
+    with pytest.raises(UnsupportedFeatureError, match="sliding window"):
+        sv_attention_forward(Mod(window=3, sliding_window="refuse"), q, k, v, win[:, None])
+
+
+def test_encoder_gate_is_finite_and_changes_output():
+    q, k, v = qkv(b=2, q=16, kv=16, d=4, seed=7)
+    mask = torch.ones(2, 1, 16, 16, dtype=torch.bool)
+    mask[1, ..., 12:] = False
+    out, _ = sv_attention_forward(Mod(is_causal=False, nu=0.5, chunk=4), q, k, v, mask)
+    soft = plain(q, k, v, mask[:, 0]).transpose(1, 2)
+    assert torch.isfinite(out).all()
+    assert not torch.allclose(out, soft, atol=1e-4)
