@@ -46,7 +46,7 @@ DEFAULTS: dict[str, dict[str, float | int]] = {
     "sgate": {"rho": 1.5, "lam": 0.10, "hops": 2},
     "signed": {"rho": 0.9, "hops": 3},
 }
-DEFAULT_CHUNK = 128
+DEFAULT_CHUNK: int | None = None  # None: auto_chunk(kv_len)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -326,24 +326,45 @@ def _grouped(x: torch.Tensor, hkv: int) -> torch.Tensor:
     return x.reshape(b, hkv, (h // hkv) * c, n)
 
 
-def _block_a(qc: torch.Tensor, k: torch.Tensor, allowed_c: torch.Tensor, params: CeqParams, sc: float,
+def _block_a(qs: torch.Tensor, k: torch.Tensor, vis: torch.Tensor, params: CeqParams,
              need_parts: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """A for one row block: qc ``[b, h, c, d]``, k ``[b, h_kv, e, d]`` -> ``[b, h, c, e]`` (+ softmax parts)."""
-    b, h, c, _ = qc.shape
+    """A for one row block.
+
+    Parameters
+    ----------
+    qs : ``[b, h, c, d]`` queries already multiplied by the logit scale.
+    k : ``[b, h_kv, e, d]`` keys ``[0, e)``.
+    vis : bool ``[b|1, h|1, c, e]`` visibility (:func:`visible_block`).
+    need_parts : keep what the backward needs (the two softmaxes / the masked logits).
+
+    Returns
+    -------
+    A ``[b, h, c, e]`` and the parts tuple. Fused ``torch.softmax`` on logits with an additive
+    ``finfo.min / 2`` bias on hidden keys; rows with no visible key are zeroed afterwards.
+    """
+    b, h, c, _ = qs.shape
     hkv, e = k.shape[1], k.shape[2]
-    w = torch.matmul(_grouped(qc, hkv), k.transpose(-1, -2)).view(b, h, c, e)
-    w.mul_(sc)
+    w = torch.matmul(_grouped(qs, hkv), k.transpose(-1, -2)).view(b, h, c, e)
+    has = vis.any(dim=-1, keepdim=True)
     if params.operator == "sgate":
-        pp = _masked_softmax(w, allowed_c)
-        pm = _masked_softmax(-w, allowed_c)
-        a = pp - params.lam * pm
-        a.mul_(params.rho / (1.0 + params.lam))
-        return a, ((pp, pm) if need_parts else ())
-    wt = w * allowed_c
+        bias = torch.zeros(vis.shape, dtype=w.dtype, device=w.device).masked_fill_(~vis, torch.finfo(w.dtype).min / 2)
+        pp = torch.softmax(w + bias, dim=-1)
+        torch.sub(bias, w, out=w)
+        pm = torch.softmax(w, dim=-1)
+        del w
+        if not bool(has.all()):
+            pp.mul_(has)
+            pm.mul_(has)
+        if need_parts:
+            a = torch.add(pp, pm, alpha=-params.lam).mul_(params.rho / (1.0 + params.lam))
+            return a, (pp, pm)
+        a = pp.sub_(pm, alpha=params.lam).mul_(params.rho / (1.0 + params.lam))
+        return a, ()
+    wt = w.mul_(vis)
     s = wt.abs().sum(dim=-1, keepdim=True)
     s = torch.where(s > 0, s, torch.ones_like(s))
     a = wt * (params.rho / s)
-    return a, ((wt, s, allowed_c) if need_parts else ())
+    return a, ((wt, s, vis) if need_parts else ())
 
 
 def _block_a_backward(da: torch.Tensor, parts: tuple[torch.Tensor, ...], params: CeqParams) -> torch.Tensor:
@@ -351,14 +372,17 @@ def _block_a_backward(da: torch.Tensor, parts: tuple[torch.Tensor, ...], params:
     if params.operator == "sgate":
         pp, pm = parts
         c = params.rho / (1.0 + params.lam)
-        gp = da * c
-        dw = pp * (gp - (gp * pp).sum(-1, keepdim=True))
-        gm = da * (-c * params.lam)
-        dw -= pm * (gm - (gm * pm).sum(-1, keepdim=True))
-        return dw
-    wt, s, allowed_c = parts
+        dw = torch._softmax_backward_data(da, pp, -1, da.dtype)
+        dw.add_(torch._softmax_backward_data(da, pm, -1, da.dtype), alpha=params.lam)
+        return dw.mul_(c)
+    wt, s, vis = parts
     proj = (da * wt).sum(-1, keepdim=True)
-    return params.rho * (da * allowed_c / s - torch.sign(wt) * proj / (s * s))
+    return params.rho * (da * vis / s - torch.sign(wt) * proj / (s * s))
+
+
+def auto_chunk(kv_len: int) -> int:
+    """Default row-block size: about 32k entries of A per head per block, between 16 and 128 rows."""
+    return int(max(16, min(128, 32768 // max(kv_len, 1))))
 
 
 def _chunks(q_len: int, chunk: int) -> list[tuple[int, int]]:
@@ -366,7 +390,7 @@ def _chunks(q_len: int, chunk: int) -> list[tuple[int, int]]:
 
 
 def hops_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bm: torch.Tensor | None, params: CeqParams,
-                 sc: float, history: list[torch.Tensor] | None = None, chunk_size: int = DEFAULT_CHUNK,
+                 sc: float, history: list[torch.Tensor] | None = None, chunk_size: int | None = DEFAULT_CHUNK,
                  ) -> list[torch.Tensor]:
     """All hop outputs ``y_h = A y_{h-1}`` (``y_0 = v``) for the query rows, one row block of A at a time.
 
@@ -381,8 +405,8 @@ def hops_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bm: torch.Te
         Logit scale.
     history : list of K-1 tensors ``[b, h, kv_len - q_len, d]``, optional
         ``y_1 .. y_{K-1}`` of the earlier positions (decoding). Required when ``q_len < kv_len`` and K > 1.
-    chunk_size : int
-        Query rows of A built at once.
+    chunk_size : int, optional
+        Query rows of A built at once (None: :func:`auto_chunk`).
 
     Returns
     -------
@@ -401,11 +425,11 @@ def hops_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bm: torch.Te
                                     f"y_1..y_{K - 1} of those positions (use a HopCache)")
         for hh in range(1, K):
             bufs[hh - 1][:, :, :off] = history[hh - 1]
-    for r0, r1 in _chunks(q_len, chunk_size):
+    for r0, r1 in _chunks(q_len, chunk_size or auto_chunk(kv_len)):
         e = off + r1
         qc = q[:, :, r0:r1]
         vis = visible_block(bm, off, r0, r1, e, q.device)
-        a, _ = _block_a(qc, k[:, :, :e], vis, params, sc, need_parts=False)
+        a, _ = _block_a(qc * sc, k[:, :, :e], vis, params, need_parts=False)
         c = r1 - r0
         y = torch.matmul(_grouped(a, hkv), v[:, :, :e]).view(b, h, c, dv)
         bufs[0][:, :, off + r0:off + r1] = y
@@ -458,7 +482,8 @@ class CeqHopsFunction(torch.autograd.Function):
             c = r1 - r0
             qc = q[:, :, r0:r1]
             vis = visible_block(ctx.bm, off, r0, r1, e, q.device)
-            a, parts = _block_a(qc, k[:, :, :e], vis, params, sc, need_parts=True)
+            qs = qc * sc
+            a, parts = _block_a(qs, k[:, :, :e], vis, params, need_parts=True)
             gc = g[:, :, r0:r1]
             gy: list[torch.Tensor | None] = [None] * (K + 1)
             for hh in range(K, 0, -1):
@@ -473,10 +498,12 @@ class CeqHopsFunction(torch.autograd.Function):
             da = torch.matmul(_grouped(gy[1], hkv), v[:, :, :e].transpose(-1, -2)).view(b, h, c, e)
             for hh in range(2, K + 1):
                 da += torch.matmul(gy[hh], bufs[hh - 2][:, :, :e].transpose(-1, -2))
-            dw = _block_a_backward(da, parts, params) * sc
+            del a
+            dw = _block_a_backward(da, parts, params)
+            del da, parts
             dwg = _grouped(dw, hkv)
-            dq[:, :, r0:r1] = torch.matmul(dwg, k[:, :, :e]).view(b, h, c, d)
-            dk[:, :, :e] += torch.matmul(dwg.transpose(-1, -2), _grouped(qc, hkv))
+            dq[:, :, r0:r1] = torch.matmul(dwg, k[:, :, :e]).view(b, h, c, d).mul_(sc)
+            dk[:, :, :e] += torch.matmul(dwg.transpose(-1, -2), _grouped(qs, hkv))
         return dq, dk, acc[0], dcoef, None, None, None, None, None, None
 
 
@@ -507,7 +534,7 @@ def ceq_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
                   hops: int | None = None, rho: float | None = None, lam: float | None = None,
                   scaling: float | None = None, dropout: float = 0.0, training: bool = False,
                   return_weights: bool = False, is_causal: bool | None = None,
-                  chunk_size: int = DEFAULT_CHUNK, _history: list[torch.Tensor] | None = None,
+                  chunk_size: int | None = DEFAULT_CHUNK, _history: list[torch.Tensor] | None = None,
                   _sink: list[torch.Tensor] | None = None,
                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """ceq attention: ``hybrid`` (stock + sum_h (alpha A)^h v) or ``path_sum`` ((I + A + ... + A^K) v).
@@ -541,8 +568,9 @@ def ceq_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
         Also return the materialised A ``[b, h, q_len, kv_len]`` (costs ``O(s^2)`` memory).
     is_causal : bool, optional
         The attention module's ``is_causal`` for the stock path (default True).
-    chunk_size : int
-        Rows of A built at once (memory / speed trade-off; default 128).
+    chunk_size : int, optional
+        Rows of A built at once (memory / speed trade-off); None picks :func:`auto_chunk` ``(kv_len)``
+        (about 32k entries of A per head per block).
 
     Returns
     -------
@@ -557,8 +585,10 @@ def ceq_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
         raise ConfigError(f"unknown ceq form {form!r}; choose one of {FORMS}")
     _check_alpha(alpha)
     params = resolve_params(operator, rho, lam, hops)
+    if chunk_size is None:
+        chunk_size = auto_chunk(kv_len)
     if isinstance(chunk_size, bool) or int(chunk_size) != chunk_size or chunk_size < 1:
-        raise InvalidHyperparameterError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+        raise InvalidHyperparameterError(f"chunk_size must be an integer >= 1 or None, got {chunk_size!r}")
     if dropout < 0 or dropout >= 1:
         raise InvalidHyperparameterError(f"dropout must be in [0, 1), got {dropout}")
     sc = _scale(q.shape[-1], scaling)

@@ -144,7 +144,7 @@ def ceq_attention_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
                          alpha: float | torch.Tensor = 1.0, hops: int | None = None, rho: float | None = None,
                          lam: float | None = None, scaling: float | None = None, dropout: float = 0.0,
                          training: bool = False, is_causal: bool | None = None,
-                         chunk_size: int = DEFAULT_CHUNK) -> torch.Tensor:
+                         chunk_size: int | None = DEFAULT_CHUNK) -> torch.Tensor:
     """:func:`sv_attention.ops.ceq.ceq_attention` with a hop cache: prefill fills it, decode extends it.
 
     Parameters
