@@ -86,3 +86,20 @@ def _edit(p: dict[str, Any], fig: Any) -> None:
     ax2.set_ylim(0, 1)
     ax2.legend(fontsize=8)
     fig.suptitle(f"Exact editing ({p['parameters']['trials']} trials)")
+
+
+@_register("memory")
+def _memory(p: dict[str, Any], fig: Any) -> None:
+    s = p["summary"]
+    ax1, ax2 = fig.subplots(1, 2)
+    labels = ["answered\nbefore", "forgotten ->\nno record", "others\nafter"]
+    ax1.bar(labels, [s["facts_answered_before"], s["forgotten_returns_no_record"],
+                     s["others_answered_after_forget"]], color="tab:green")
+    ax1.set_ylim(0, 1.05)
+    ax1.set_title("7 facts: exact forgetting")
+    labels2 = ["certified", "H2O\n(same kept)", f"H2O\n(budget {p['parameters']['budget']})"]
+    ax2.bar(labels2, [s["rare_fact_answered_certified"], s["rare_fact_answered_h2o"],
+                      s["rare_fact_kept_h2o_nominal_budget"]], color=["tab:green", "tab:orange", "tab:red"])
+    ax2.set_ylim(0, 1.05)
+    ax2.set_title("rare fact among boilerplate, after eviction")
+    fig.suptitle("Certified memory over MiniLM embeddings")
