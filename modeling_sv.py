@@ -221,7 +221,51 @@ def ceq_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     return out.transpose(1, 2).contiguous(), None
 
 
+def smprime_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
+                     operator_state: dict[str, Any] | None = None, hidden_states: torch.Tensor | None = None,
+                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """smprime (:class:`sv_attention.ops.smprime.SMPrime`, one per layer in ``module.smprime``).
+
+    The gates ``m``, ``theta`` come from the layer's input ``hidden_states``. smprime's row i depends on
+    every ``m_k`` / ``theta_k`` with ``k <= i``, so decoding keeps the queries and gates of earlier
+    positions in ``operator_state`` and recomputes the new rows from them with the same function as the
+    prefill (O(s^2) per step: exact, not a recurrent state).
+    """
+    from sv_attention.errors import InvalidInputError as _Invalid
+
+    if hidden_states is None:
+        raise UnsupportedFeatureError("smprime needs the layer's hidden_states (call it through SVAttention)")
+    sm = module.smprime
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    m, theta = sm.gates(hidden_states)
+    q_all, m_all, th_all = query, m, theta
+    past = kv_len - q_len
+    if operator_state is not None:
+        if past > 0:
+            prev = operator_state.get("q")
+            if prev is None or prev.shape[2] != past or prev.shape[0] != query.shape[0]:
+                raise _Invalid(f"smprime cache holds {0 if prev is None else prev.shape[2]} positions, the call "
+                               f"needs {past}; reset the cache together with the key/value cache")
+            q_all = torch.cat([prev, query], 2)
+            m_all = torch.cat([operator_state["m"], m], -1)
+            th_all = torch.cat([operator_state["theta"], theta], -1)
+        operator_state.update(q=q_all, m=m_all, theta=th_all)
+    elif past > 0:
+        raise _Invalid("smprime with cached keys needs its operator state (use SVLMCache)")
+    key_pad = None if mask is None else mask[:, 0, -1, :]  # the last row sees every real key
+    if key_pad is not None and bool(key_pad.all()):
+        key_pad = None
+    from sv_attention.ops.smprime import smprime_attention
+
+    out = smprime_attention(q_all, key, value, m_all.to(query.dtype), th_all.to(query.dtype),
+                            beta=sm.beta.to(query.dtype), qk=sm.qk.to(query.dtype), mask=key_pad,
+                            scaling=scaling)
+    return out[:, :, -q_len:].transpose(1, 2).contiguous(), None
+
+
 OPERATOR_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
+    "smprime": smprime_operator,
     "softmax": softmax_operator,
     "swa": swa_operator,
     "ceq": ceq_operator,
@@ -322,6 +366,16 @@ def build_operator_parameters(module: SVAttention, config: Any) -> None:
     if config.operator == "ceq":
         # alpha = 0: the layer is exactly softmax attention at initialisation
         module.ceq_alpha = nn.Parameter(torch.zeros(()))
+    elif config.operator == "smprime":
+        from sv_attention.ops.smprime import M_BIAS, THETA_BIAS, SMPrime
+
+        module.smprime = SMPrime(config.hidden_size, config.num_attention_heads)
+        # _init_weights would give these heads the generic normal init (m ~ 0 annihilates every path):
+        # mark them so it restores SMPrime's own init (zero weights, biases 1 - 1e-3 / 1e-3)
+        module.smprime.u_head._sv_head_bias = M_BIAS
+        module.smprime.theta_head._sv_head_bias = THETA_BIAS
+        knobs = config.operator_config
+        module.smprime._sv_scalar_init = {name: knobs[f"{name}_init"] for name in ("beta", "qk", "g")}
 
 
 class SVMLP(nn.Module):
@@ -378,9 +432,21 @@ class SVPreTrainedModel(PreTrainedModel):
     _can_compile_fullgraph = False
 
     def _init_weights(self, module: nn.Module) -> None:
+        head_bias = getattr(module, "_sv_head_bias", None)
+        if head_bias is not None and isinstance(module, nn.Linear):  # smprime gate heads
+            _fill(module.weight, 0.0)
+            _fill(module.bias, head_bias)
+            return
         super()._init_weights(module)
+        # (a module without parameters of its own, e.g. SVAttention under smprime, is skipped by
+        # transformers for remote code: so each operator-specific initialisation hangs on the module that
+        # owns the parameter)
         if isinstance(module, SVAttention):
             init_operator_parameters(module)
+        scalars = getattr(module, "_sv_scalar_init", None)
+        if scalars is not None:  # SMPrime: beta, qk, g from the config's *_init knobs
+            for name, value in scalars.items():
+                _fill(getattr(module, name), value)
         if isinstance(module, SVModel):
             # non-persistent buffer: recomputed here because from_pretrained builds on the meta device
             positions = torch.arange(module.config.max_position_embeddings, device=module.position_ids.device)
@@ -404,7 +470,8 @@ def _fill(param: torch.Tensor, value: float) -> None:
 
 
 def init_operator_parameters(module: SVAttention) -> None:
-    """Initialise the operator-specific parameters (ceq alpha = 0, so ceq starts as softmax)."""
+    """Initialise the operator-specific parameters of the attention module (ceq alpha = 0, so ceq starts
+    as softmax attention)."""
     if hasattr(module, "ceq_alpha"):
         _fill(module.ceq_alpha, 0.0)
 

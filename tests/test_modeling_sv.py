@@ -20,6 +20,7 @@ CACHED_OPERATORS = [
     ("ceq", {}),
     ("ceq", {"gate": "signed"}),
     ("ceq_path_sum", {}),
+    ("smprime", {"beta_init": 0.8}),
 ]
 
 
@@ -29,10 +30,15 @@ def tiny(operator="softmax", knobs=None, seed=0, **kw):
 
 
 def _perturb_alpha(model, value=0.7):
+    """Move operator-specific parameters off their (softmax-like) initial values."""
     with torch.no_grad():
         for layer in model.model.layers:
             if hasattr(layer.attn, "ceq_alpha"):
                 layer.attn.ceq_alpha.fill_(value)
+            if hasattr(layer.attn, "smprime"):
+                gen = torch.Generator().manual_seed(5)
+                for head in (layer.attn.smprime.u_head, layer.attn.smprime.theta_head):
+                    head.weight.copy_(torch.randn(head.weight.shape, generator=gen) * 0.3)
 
 
 def test_published_parameter_count():
@@ -55,6 +61,22 @@ def test_head_is_tied_and_ceq_alpha_is_operator_specific():
     c = count_parameters(m)
     assert c["operator_specific"] == {f"model.layers.{i}.attn.ceq_alpha": 1 for i in range(2)}
     assert all(float(layer.attn.ceq_alpha.detach()) == 0.0 for layer in m.model.layers)
+
+
+def test_smprime_init_and_softmax_corner():
+    m = tiny("smprime", {"g_init": 0.0}, seed=6)
+    sm = m.model.layers[0].attn.smprime
+    assert float(sm.beta.detach()) == 1.0 and float(sm.g.detach()) == 0.0
+    assert float(sm.u_head.weight.detach().abs().max()) == 0.0 and float(sm.u_head.bias.detach()[0]) > 0.99
+    names = set(count_parameters(m)["operator_specific"])
+    assert "model.layers.0.attn.smprime.beta" in names and "model.layers.1.attn.smprime.u_head.weight" in names
+    # (beta = 1, g = 0) is softmax attention: same weights -> same logits
+    soft = tiny(seed=6)
+    m.load_state_dict(soft.state_dict(), strict=False)
+    x = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(m(x, use_cache=False).logits, soft(x, use_cache=False).logits,
+                                   rtol=1e-5, atol=1e-5)
 
 
 def test_softmax_operator_matches_reference():
