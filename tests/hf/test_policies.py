@@ -105,3 +105,22 @@ def test_rbf_attention_mass_matches_loop_reference() -> None:
     np.testing.assert_allclose(cm, ref, rtol=1e-12)
     with pytest.raises(InvalidHyperparameterError):
         rbf_attention_mass(q, x, sigma=0.0)
+
+
+def test_softmax_attention_mass_matches_loop_reference() -> None:
+    from sv_attention.hf.policies import softmax_attention_mass
+
+    rng = np.random.default_rng(2)
+    q, x = rng.normal(size=(5, 3)), rng.normal(size=(4, 3))
+    ref = np.zeros(4)
+    for qi in q:
+        w = np.exp(x @ qi / np.sqrt(3))
+        ref += w / w.sum()
+    np.testing.assert_allclose(softmax_attention_mass(q, x), ref, rtol=1e-12)
+    qpos, kpos = np.arange(5), np.array([0, 1, 3, 4])
+    ref = np.zeros(4)
+    for qi, p in zip(q, qpos, strict=True):
+        w = np.exp(x @ qi / np.sqrt(3)) * (kpos <= p)
+        ref += w / w.sum()
+    got = softmax_attention_mass(q, x, causal=True, query_positions=qpos, key_positions=kpos)
+    np.testing.assert_allclose(got, ref, rtol=1e-12)

@@ -15,7 +15,11 @@ from __future__ import annotations
 
 from sv_attention.hf.policies.base import EvictionPolicy, PolicyContext, PolicyDecision
 from sv_attention.hf.policies.certified import CertifiedPolicy
-from sv_attention.hf.policies.heavy_hitter import HeavyHitterPolicy, rbf_attention_mass
+from sv_attention.hf.policies.heavy_hitter import (
+    HeavyHitterPolicy,
+    rbf_attention_mass,
+    softmax_attention_mass,
+)
 from sv_attention.hf.policies.random_subset import RandomPolicy
 from sv_attention.hf.policies.recency import RecencyPolicy
 
@@ -48,4 +52,5 @@ __all__ = [
     "RecencyPolicy",
     "get_policy",
     "rbf_attention_mass",
+    "softmax_attention_mass",
 ]

@@ -10,7 +10,8 @@ from sv_attention.hf.policies.base import EvictionPolicy, PolicyContext, top_k_m
 class HeavyHitterPolicy(EvictionPolicy):
     """Keep the ``budget`` tokens with the largest accumulated attention mass (ties: the more recent).
 
-    The mass comes from ``ctx.attention_mass``; :func:`rbf_attention_mass` computes it for key streams.
+    The mass comes from ``ctx.attention_mass``; :func:`softmax_attention_mass` (dot-product attention,
+    as in H2O) and :func:`rbf_attention_mass` compute it for key streams.
     """
 
     name = "h2o"
@@ -64,3 +65,39 @@ def rbf_attention_mass(queries: np.ndarray, keys: np.ndarray, sigma: float, caus
     z = w.sum(axis=1, keepdims=True)
     a = np.divide(w, z, out=np.zeros_like(w), where=z > 0)
     return a.sum(axis=0)
+
+
+def softmax_attention_mass(queries: np.ndarray, keys: np.ndarray, scale: float | None = None, causal: bool = False,
+                           query_positions: np.ndarray | None = None,
+                           key_positions: np.ndarray | None = None) -> np.ndarray:
+    """Accumulated dot-product softmax attention mass (what H2O accumulates in a transformer).
+
+    ``a_qj = softmax_j(scale * q . x_j)`` summed over queries; ``scale`` defaults to ``1 / sqrt(d)``.
+    ``causal`` as in :func:`rbf_attention_mass`.
+
+    Parameters
+    ----------
+    queries : ``[m, d]``; keys : ``[n, d]``
+
+    Returns
+    -------
+    float64 ``[n]``.
+    """
+    from sv_attention.errors import InvalidInputError
+
+    q = np.asarray(queries, dtype=np.float64)
+    x = np.asarray(keys, dtype=np.float64)
+    if q.ndim != 2 or x.ndim != 2 or q.shape[1] != x.shape[1]:
+        raise InvalidInputError(f"queries [m, d] and keys [n, d] must share d; got {q.shape} and {x.shape}")
+    sc = 1.0 / np.sqrt(q.shape[1]) if scale is None else float(scale)
+    logits = sc * (q @ x.T)
+    if causal:
+        if query_positions is None or key_positions is None:
+            raise InvalidInputError("causal attention mass needs query_positions and key_positions")
+        visible = np.asarray(key_positions)[None, :] <= np.asarray(query_positions)[:, None]
+        logits = np.where(visible, logits, -np.inf)
+    mx = logits.max(axis=1, keepdims=True)
+    mx = np.where(np.isfinite(mx), mx, 0.0)
+    w = np.exp(logits - mx)
+    z = w.sum(axis=1, keepdims=True)
+    return np.divide(w, z, out=np.zeros_like(w), where=z > 0).sum(axis=0)
