@@ -1,0 +1,154 @@
+"""Train several operators with an identical backbone, data and budget ("twins"), side by side.
+
+The comparison that the model card reports: the SV model, its softmax twin and its matched-window
+sliding-window twin (``swa`` with ``window`` = the SV layer's local window, i.e. its chunk unless
+``local_window`` is set), each trained by :func:`sv_attention.train.loop.train` from the same
+:class:`TrainConfig` except ``operator`` / ``operator_config`` and ``run_dir``. Throughput ratios come from
+the same process, one run after the other, so they share the machine's state.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from sv_attention.errors import ConfigError
+from sv_attention.train.config import TrainConfig
+from sv_attention.train.loop import TrainResult, train
+
+PUBLISHED_ENWIK8 = ("published at 3.22M parameters (d_model 256, 4 layers, 4 heads, block 256) on enwik8: "
+                    "SV 2.178 vs SWA 2.383 BPC, seven seeds")
+"""The published reference, kept as text so no card table puts our command beside a number we did not
+measure."""
+
+
+def sv_local_window(sv_config: dict[str, Any]) -> int:
+    """The SV layer's dense local window: ``local_window`` if set, else ``chunk`` (default 64)."""
+    lw = sv_config.get("local_window")
+    return int(lw) if lw is not None else int(sv_config.get("chunk", 64))
+
+
+def twin_config(base: TrainConfig, operator: str, run_dir: str | Path) -> TrainConfig:
+    """``base`` with the operator replaced; ``swa`` gets the SV twin's local window as its window."""
+    if base.model_family != "sv":
+        raise ConfigError("twins compare operators of the sv model family; use model_family='sv'.")
+    knobs: dict[str, Any]
+    if operator == base.operator:
+        knobs = copy.deepcopy(base.operator_config)
+    elif operator == "swa":
+        sv_knobs = base.operator_config if base.operator == "sv" else {}
+        knobs = {"window": min(sv_local_window(sv_knobs), base.block_size)}
+    else:
+        knobs = {}
+    return replace(base, operator=operator, operator_config=knobs, run_dir=str(run_dir))
+
+
+def train_twins(base: TrainConfig, operators: list[str], progress: bool = True,
+                resume: bool = False) -> dict[str, TrainResult]:
+    """Train ``base`` once per operator under ``base.run_dir / operator``; return the results by operator."""
+    if len(set(operators)) != len(operators) or not operators:
+        raise ConfigError(f"operators must be a non-empty list without repeats, got {operators}")
+    out: dict[str, TrainResult] = {}
+    for op in operators:
+        cfg = twin_config(base, op, Path(base.run_dir) / op)
+        out[op] = train(cfg, resume=resume, progress=progress)
+    return out
+
+
+def interleaved_throughput(results: dict[str, TrainResult], repeats: int = 5) -> dict[str, float]:
+    """:func:`measure_throughput` of the trained checkpoints on one training batch of their shared config."""
+    from sv_attention.train.model import load_pretrained
+
+    first = next(iter(results.values()))
+    cfg = TrainConfig.from_json(first.summary["train_config"])
+    models = {op: load_pretrained(TrainConfig.from_json(r.summary["train_config"]), r.checkpoint)
+              for op, r in results.items()}
+    g = torch.Generator().manual_seed(cfg.seed)
+    batch = torch.randint(0, 256, (cfg.batch_size, cfg.block_size + 1), generator=g)
+    return measure_throughput(models, batch, repeats=repeats)
+
+
+def twins_summary(results: dict[str, TrainResult], interleaved: dict[str, float] | None = None) -> dict[str, Any]:
+    """The JSON payload of a twins comparison (validation bpb, throughput, ratios, the corpus said plainly).
+
+    ``interleaved`` (from :func:`interleaved_throughput`) supplies the throughput ratio; without it the
+    training loops' own tokens/s are used."""
+    first = next(iter(results.values()))
+    cfg = first.summary["train_config"]
+    src = first.summary["data"]["source"]
+    payload: dict[str, Any] = {
+        "summary": (
+            f"Validation bits-per-byte of operators with an identical backbone, data and budget, trained by "
+            f"sv_attention.train (the command below) on {src.get('name')} ({src.get('kind')}), one seed. This is NOT enwik8 and "
+            f"not the published budget; the published numbers ({PUBLISHED_ENWIK8}) are not comparable with these."),
+        "corpus": src.get("description"),
+        "val_bpb": {op: r.val_bpb for op, r in results.items()},
+    }
+    if "sv" in results:
+        for op, r in results.items():
+            if op != "sv":
+                payload.setdefault("val_bpb_minus_sv", {})[op] = r.val_bpb - results["sv"].val_bpb
+    if "sv" in results and "softmax" in results:
+        tps = interleaved if interleaved else {op: r.tokens_per_s for op, r in results.items()}
+        payload["throughput_ratio_sv_over_softmax"] = tps["sv"] / tps["softmax"]
+        payload["throughput_ratio_source"] = ("forward+backward on one batch, models interleaved (median of "
+                                              "rounds)" if interleaved else "training loops' own tokens/s")
+    if interleaved:
+        payload["tokens_per_s_interleaved"] = dict(interleaved)
+    payload["budget"] = {"steps": first.step, "batch_size": cfg["batch_size"], "block_size": cfg["block_size"],
+                         "tokens_seen": first.summary["tokens_seen"], "seed": cfg["seed"]}
+    payload["model"] = {"hidden_size": cfg["hidden_size"], "num_layers": cfg["num_layers"],
+                        "num_heads": cfg["num_heads"]}
+    payload["parameters"] = {op: r.summary["parameters"]["total"] for op, r in results.items()}
+    payload["tokens_per_s_training_loop"] = {op: r.tokens_per_s for op, r in results.items()}
+    payload["operator_config"] = {op: r.summary["train_config"]["operator_config"] for op, r in results.items()}
+    payload["published_reference_enwik8"] = PUBLISHED_ENWIK8
+    payload["runs"] = {op: {"run_dir": str(r.run_dir), "checkpoint": str(r.checkpoint)} for op, r in results.items()}
+    payload["data_split"] = {k: first.summary["data"][k] for k in ("train", "validation", "val_fraction")}
+    return payload
+
+
+def measure_throughput(models: dict[str, torch.nn.Module], batch: torch.Tensor, repeats: int = 5,
+                       warmup: int = 1) -> dict[str, float]:
+    """Training throughput (bytes/s of forward + backward) of each model on the same ``batch``, interleaved.
+
+    The models take turns (A, B, A, B, ...) so that a noisy, shared machine slows them alike; the median
+    time per model is used. Gradients are computed and discarded: the weights do not change.
+
+    Parameters
+    ----------
+    models : dict name -> causal LM
+    batch : Tensor ``[b, t + 1]`` int64 byte windows
+    repeats, warmup : timed and untimed rounds
+
+    Returns
+    -------
+    dict name -> bytes per second (``b * t / median seconds``)
+    """
+    times: dict[str, list[float]] = {k: [] for k in models}
+    x, y = batch[:, :-1], batch[:, 1:]
+    modes = {k: m.training for k, m in models.items()}
+    for m in models.values():
+        m.train()
+    try:
+        for r in range(warmup + repeats):
+            for name, m in models.items():
+                t0 = time.perf_counter()
+                logits = m(input_ids=x, use_cache=False).logits
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+                loss.backward()
+                dt = time.perf_counter() - t0
+                m.zero_grad(set_to_none=True)
+                if r >= warmup:
+                    times[name].append(dt)
+    finally:
+        for k, m in models.items():
+            m.train(modes[k])
+    return {k: x.numel() / statistics.median(v) for k, v in times.items()}
