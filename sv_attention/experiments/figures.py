@@ -103,3 +103,35 @@ def _memory(p: dict[str, Any], fig: Any) -> None:
     ax2.set_ylim(0, 1.05)
     ax2.set_title("rare fact among boilerplate, after eviction")
     fig.suptitle("Certified memory over MiniLM embeddings")
+
+
+_STYLE = {"sv": ("SV-Attention", "tab:green"), "softmax": ("softmax", "tab:blue"),
+          "linear": ("linear attention", "tab:gray"), "deltanet": ("DeltaNet", "tab:purple"),
+          "sv_sigma_alt": ("SV-Attention (sigma_alt)", "lightgreen"), "gate_off": ("gate off (uniform RBF)", "tab:olive")}
+
+
+def _recall_vs_x(p: dict[str, Any], fig: Any, key: str, xlabel: str, methods: tuple[str, ...], title: str) -> None:
+    per = p["summary"][key]
+    xs = [int(x) for x in per]
+    ax1, ax2 = fig.subplots(1, 2)
+    for m in methods:
+        if f"{m}_recall" not in per[str(xs[0])]:
+            continue
+        label, color = _STYLE[m]
+        ax1.plot(xs, [per[str(x)][f"{m}_recall"] for x in xs], "o-", label=label, color=color)
+    ax1.set_xlabel(xlabel)
+    ax1.set_ylabel("recall@1")
+    ax1.set_ylim(0, 1.05)
+    ax1.legend(fontsize=8)
+    ax2.plot(xs, [per[str(x)]["support_mean"] for x in xs], "o-", color="tab:green")
+    ax2.fill_between(xs, [per[str(x)]["support_min"] for x in xs], [per[str(x)]["support_max"] for x in xs],
+                     color="tab:green", alpha=0.2)
+    ax2.set_xlabel(xlabel)
+    ax2.set_ylabel("SV support |S u E| (mean, min-max)")
+    fig.suptitle(title)
+
+
+@_register("selective-copy")
+def _selective_copy(p: dict[str, Any], fig: Any) -> None:
+    _recall_vs_x(p, fig, "per_fillers", "filler tokens F", ("sv", "softmax", "linear", "deltanet", "sv_sigma_alt"),
+                 f"Selective copying ({p['parameters']['trials']} trials per F)")
