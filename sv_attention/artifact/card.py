@@ -166,6 +166,23 @@ def _param_table(params: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _training_line(training: dict[str, Any]) -> str:
+    if not training:
+        return "no training record was given (weights as exported; see the producing command)"
+    parts = [f"data: {training.get('dataset')} ({training.get('dataset_kind')})"]
+    data = training.get("data")
+    if isinstance(data, dict):
+        tr = data.get("train") or {}
+        if tr:
+            parts.append(f"{tr.get('n_bytes'):,} training bytes (sha256 `{str(tr.get('sha256'))[:16]}...`)")
+    parts.append(f"steps: {training.get('steps')}")
+    if isinstance(training.get("tokens_seen"), int):
+        parts.append(f"tokens seen: {training['tokens_seen']:,}")
+    if isinstance(training.get("val_bpb"), (int, float)):
+        parts.append(f"validation bits/byte at export: {training['val_bpb']:.4f}")
+    return "; ".join(parts)
+
+
 def render_card(manifest: dict[str, Any], *, results: list[dict[str, Any]] | None = None,
                 results_dir: str | Path | None = None, license: str = "apache-2.0",
                 datasets: list[str] | None = None, repo_id: str | None = None) -> ModelCard:
@@ -189,9 +206,8 @@ def render_card(manifest: dict[str, Any], *, results: list[dict[str, Any]] | Non
     model = manifest["model"]
     params = manifest["parameters"]
     training = manifest.get("training") or {}
-    if datasets is None:
-        data = training.get("data")
-        datasets = [data] if isinstance(data, str) else list(data) if isinstance(data, list) else []
+    if datasets is None:  # only Hub datasets belong in the metadata
+        datasets = [training["dataset"]] if training.get("dataset_kind") == "hub" and training.get("dataset") else []
     op = model["operator"]
     data = ModelCardData(
         license=license, library_name="transformers", pipeline_tag="text-generation",
@@ -210,9 +226,7 @@ def render_card(manifest: dict[str, Any], *, results: list[dict[str, Any]] | Non
     weights = {k: v for k, v in files.items() if k.endswith(".safetensors")}
     code = {k: v for k, v in files.items() if k.endswith(".py")}
     reading = params.get("published_reading", {})
-    train_lines = ("not trained: weights are an initialisation" if not training else
-                   f"data: {training.get('data')}; steps: {training.get('steps')}"
-                   + (f"; tokens: {training.get('tokens'):,}" if isinstance(training.get("tokens"), int) else ""))
+    train_lines = _training_line(training)
     body = f"""
 # sv-attention byte-level LM (`{op}` operator)
 

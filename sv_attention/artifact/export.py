@@ -50,18 +50,27 @@ def load_checkpoint(checkpoint: str | Path) -> tuple[torch.nn.Module, dict[str, 
 
 
 def training_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The training data and step count from a training record (``trainer_state.json`` or a run JSON)."""
+    """The training data and step count from a training record.
+
+    Accepts a checkpoint's ``trainer_state.json`` (``step``, ``data``, ``metrics``) or a run's ``run.json``
+    (``steps``, ``data``, ``tokens_seen``, ``val_bpb``) as :mod:`sv_attention.train` writes them.
+    """
     if not record:
         return None
-    cfg = record.get("config") or record.get("train_config") or {}
-    data = record.get("data") or cfg.get("data") or cfg.get("dataset") or record.get("dataset")
-    split = record.get("split") or record.get("data_split")
-    out: dict[str, Any] = {"data": data, "steps": record.get("step", record.get("steps"))}
-    for key in ("tokens", "tokens_seen", "final_loss", "eval_loss", "seed"):
-        if key in record:
-            out[key] = record[key]
-    if split is not None:
-        out["split"] = split
+    metrics = record.get("metrics") or {}
+    data = record.get("data")
+    source = data.get("source") if isinstance(data, dict) else None
+    out: dict[str, Any] = {
+        "data": data,
+        "dataset": (source or {}).get("name") if isinstance(source, dict) else data,
+        "dataset_kind": (source or {}).get("kind") if isinstance(source, dict) else None,
+        "steps": record.get("step", record.get("steps")),
+        "tokens_seen": record.get("tokens_seen", metrics.get("tokens_seen")),
+        "val_bpb": record.get("val_bpb", metrics.get("val_bpb")),
+    }
+    cfg = record.get("train_config")
+    if isinstance(cfg, dict):
+        out["train_config"] = cfg
     return out
 
 

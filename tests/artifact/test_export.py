@@ -1,0 +1,144 @@
+"""export: folder contents, remote-code loading, logits equality, tokenizer/pipeline, CLI, failed push."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+from sv_attention.artifact.export import export_artifact
+from sv_attention.artifact.remote import CODE_FILES
+from sv_attention.cli import main
+from sv_attention.errors import ArtifactError, NetworkUnavailableError
+from tests.artifact.conftest import tiny_model
+
+EXPECTED = {"MANIFEST.json", "README.md", "config.json", "generation_config.json", "model.safetensors",
+            "tokenizer_config.json", *CODE_FILES}
+
+
+def test_folder_contents_and_auto_map(exported):
+    _, out = exported
+    assert {p.name for p in out.iterdir()} == EXPECTED
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"] == {"AutoConfig": "configuration_sv.SVConfig",
+                                  "AutoModelForCausalLM": "modeling_sv.SVForCausalLM"}
+    assert config["model_type"] == "sv_lm" and config["sv_attention_version"]
+    tok = json.loads((out / "tokenizer_config.json").read_text())
+    assert tok["auto_map"]["AutoTokenizer"][0] == "tokenization_sv.SVByteTokenizer"
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    assert set(manifest["files"]) == EXPECTED - {"MANIFEST.json"}
+    repo = Path(__file__).resolve().parents[2]
+    for name in CODE_FILES:  # the shipped code is the repository's code, byte for byte
+        assert (out / name).read_bytes() == (repo / name).read_bytes()
+    assert manifest["provenance"]["command"] == "pytest export"
+    assert set(manifest["versions"]) >= {"sv_attention", "transformers", "torch"}
+
+
+def test_remote_code_logits_equal_in_memory(exported):
+    model, out = exported
+    loaded = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, local_files_only=True).eval()
+    assert type(loaded).__module__.startswith("transformers_modules")
+    x = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(x, use_cache=False).logits, model(x, use_cache=False).logits)
+    assert float(loaded.model.layers[0].attn.ceq_alpha.detach()) == pytest.approx(0.4)
+
+
+def test_tokenizer_and_pipeline_offline(exported):
+    _, out = exported
+    tok = AutoTokenizer.from_pretrained(out, trust_remote_code=True, local_files_only=True)
+    ids = tok("héllo")["input_ids"]
+    assert ids == list("héllo".encode()) and tok.decode(ids) == "héllo"
+    gen = pipeline("text-generation", model=str(out), trust_remote_code=True)
+    text = gen("Once", max_new_tokens=5, do_sample=False)[0]["generated_text"]
+    assert text.startswith("Once")
+    model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, local_files_only=True)
+    ref = model.generate(torch.tensor([list(b"Once")]), max_new_tokens=5, do_sample=False)[0]
+    assert text == tok.decode(ref)
+
+
+def test_refuses_non_empty_target(tmp_path):
+    (tmp_path / "keep.txt").write_text("x")
+    with pytest.raises(ArtifactError, match="not empty"):
+        export_artifact(tiny_model("softmax"), tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_cli_export_from_training_checkpoint(tmp_path, capsys):
+    ckpt = tmp_path / "step_000007"
+    tiny_model("swa").save_pretrained(ckpt)
+    record = {"format": "sv-attention-checkpoint/1", "step": 7,
+              "data": {"source": {"kind": "embedded", "name": "embedded"},
+                       "train": {"n_bytes": 1234, "sha256": "ab" * 32}},
+              "metrics": {"val_bpb": 4.5, "tokens_seen": 896}}
+    (ckpt / "trainer_state.json").write_text(json.dumps(record))
+    out = tmp_path / "art"
+    assert main(["export", str(ckpt), "--out", str(out), "--no-results"]) == 0
+    assert "parameters: total" in capsys.readouterr().out
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    assert manifest["training"]["steps"] == 7 and manifest["training"]["tokens_seen"] == 896
+    assert manifest["model"]["operator"] == "swa"
+    card = (out / "README.md").read_text()
+    assert "steps: 7" in card and "1,234 training bytes" in card
+    assert main(["verify", str(out)]) == 0
+
+
+def test_push_without_network_fails_clearly_and_writes_nothing(tmp_path, monkeypatch):
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_TOKEN", "hf_dummy_token_for_test")
+    out = tmp_path / "art"
+    with pytest.raises(NetworkUnavailableError, match="Nothing was written locally"):
+        export_artifact(tiny_model("softmax"), out, push_to="someone/sv-lm", results_dir=None)
+    assert list(tmp_path.iterdir()) == []  # no target, no partial folder
+
+
+def test_cli_push_failure_exit_status(tmp_path, monkeypatch, capsys):
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_TOKEN", "hf_dummy_token_for_test")
+    ckpt = tmp_path / "ckpt"
+    tiny_model("softmax").save_pretrained(ckpt)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["export", str(ckpt), "--out", str(tmp_path / "art"), "--push-to", "x/y", "--private",
+                 "--no-results"]) == 2
+    assert "could not publish" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+BLOCKER = textwrap.dedent("""
+    import sys
+
+    class _HideSvAttention:
+        def find_spec(self, name, path=None, target=None):
+            if name == "sv_attention" or name.startswith("sv_attention."):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, _HideSvAttention())
+""")
+
+
+def test_loading_without_the_package_gives_pip_install_message(exported, tmp_path):
+    _, out = exported
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER)
+    code = (
+        "from transformers import AutoModelForCausalLM\n"
+        f"AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True, local_files_only=True)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HF_HUB_OFFLINE": "1",
+           "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240,
+                         cwd=tmp_path)
+    assert res.returncode != 0
+    assert "requires the following packages that were not found in your environment: sv_attention" in res.stderr
+    assert "pip install sv_attention" in res.stderr
