@@ -1,0 +1,70 @@
+"""The model card: YAML metadata, limits first, numbers from data with their command, round trip."""
+
+from __future__ import annotations
+
+import json
+
+from huggingface_hub import ModelCard
+
+from sv_attention.artifact.card import load_results, render_card, render_results
+from sv_attention.results import write_result
+
+
+def _manifest(exported):
+    return json.loads((exported[1] / "MANIFEST.json").read_text())
+
+
+def test_exported_card_metadata_and_order(exported):
+    card = ModelCard.load(exported[1] / "README.md")
+    assert card.data.library_name == "transformers"
+    assert card.data.pipeline_tag == "text-generation"
+    assert card.data.license == "apache-2.0"
+    assert "custom_code" in card.data.tags and "operator-ceq" in card.data.tags
+    text = card.text
+    order = [text.index(h) for h in ("## Limits", "## Usage", "## Parameters", "## Results",
+                                     "## Manifest summary", "## Security note")]
+    assert order == sorted(order)
+    assert "trust_remote_code=True" in text and "revision" in text
+
+
+def test_card_numbers_come_from_the_manifest(exported):
+    manifest = _manifest(exported)
+    text = (exported[1] / "README.md").read_text()
+    p = manifest["parameters"]
+    for key in ("total", "trainable", "excluding_tied_head", "excluding_embeddings"):
+        assert f"{p[key]:,}" in text
+    assert manifest["files"]["model.safetensors"]["sha256"] in text
+    assert "`model.layers.0.attn.ceq_alpha` | 1 |" in text
+
+
+def test_results_rendered_with_command_beside_each_number(tmp_path, exported):
+    write_result("bench_demo", {"speedup": 2.5, "rows": [{"n": 64, "agree": 0.97}], "ok": True},
+                 path=tmp_path / "bench_demo.json", command="sv-attention bench demo --n 64")
+    (tmp_path / "broken.json").write_text("{not json")
+    results = load_results(tmp_path)
+    md = render_results(results)
+    assert "| speedup | 2.5 | `sv-attention bench demo --n 64` |" in md
+    assert "| rows[0].n | 64 | `sv-attention bench demo --n 64` |" in md
+    assert "| rows[0].agree | 0.97 | `sv-attention bench demo --n 64` |" in md
+    assert "ok" not in [line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| ")]
+    assert "unreadable" in md
+    card = render_card(_manifest(exported), results=results)
+    assert "| speedup | 2.5 | `sv-attention bench demo --n 64` |" in card.text
+
+
+def test_limits_are_operator_specific(exported):
+    manifest = _manifest(exported)
+    for op, words in (("sv", "no deletion certificate"), ("sv", "deleted by masking"),
+                      ("smprime", "pinned"), ("ceq_path_sum", "no softmax underneath")):
+        m = {**manifest, "model": {**manifest["model"], "operator": op}}
+        text = render_card(m, results=[]).text
+        limits = text[text.index("## Limits"):text.index("## Usage")]
+        assert words in limits, (op, words)
+
+
+def test_card_round_trip(tmp_path, exported):
+    card = render_card(_manifest(exported), results=[], datasets=["roneneldan/TinyStories"], repo_id="org/name")
+    card.save(tmp_path / "README.md")
+    again = ModelCard.load(tmp_path / "README.md")
+    assert again.data.datasets == ["roneneldan/TinyStories"]
+    assert 'repo = "org/name"' in again.text
