@@ -48,7 +48,6 @@ see the padding mask); sliding-window layers are refused; beam search (cache reo
 
 from __future__ import annotations
 
-import copy
 import inspect
 import time
 import warnings
@@ -562,19 +561,8 @@ class CertifiedCache(Cache):
         for layer in self.layers:
             if layer.bank is not None:
                 layer.bank.check_removable([p for p in lst if p in layer.bank.history])
-        mem0 = self.memory_bytes()
-        saved = [(copy.deepcopy(layer.bank), dict(layer.evicted), layer.keys, layer.values, layer.positions,
-                  set(layer.forgotten)) for layer in self.layers]
-        n_events = len(self.restore_events)
-        try:
-            return self._forget(lst, verify, t0, mem0)
-        except BaseException:
-            for layer, (bank, ev, k, v, p, fg) in zip(self.layers, saved, strict=True):
-                layer.bank, layer.evicted, layer.keys, layer.values, layer.positions = bank, ev, k, v, p
-                layer.forgotten = fg
-                layer.invalidate_snapshot()
-            del self.restore_events[n_events:]
-            raise
+        # Every refusal (range, repeats, already forgotten, n*C < 1) is decided above, before any mutation.
+        return self._forget(lst, verify, t0, self.memory_bytes())
 
     def _forget(self, lst: list[int], verify: bool, t0: float, mem0: int) -> DeletionReceipt:
         paths: dict[int, str] = {}
