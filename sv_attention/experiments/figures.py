@@ -135,3 +135,9 @@ def _recall_vs_x(p: dict[str, Any], fig: Any, key: str, xlabel: str, methods: tu
 def _selective_copy(p: dict[str, Any], fig: Any) -> None:
     _recall_vs_x(p, fig, "per_fillers", "filler tokens F", ("sv", "softmax", "linear", "deltanet", "sv_sigma_alt"),
                  f"Selective copying ({p['parameters']['trials']} trials per F)")
+
+
+@_register("capacity")
+def _capacity(p: dict[str, Any], fig: Any) -> None:
+    _recall_vs_x(p, fig, "per_items", "distinct items", ("sv", "deltanet", "linear"),
+                 f"Capacity with a 20-token filler block ({p['parameters']['trials']} trials per size)")
