@@ -60,14 +60,21 @@ from sv_attention.svdd.receipts import (
     Partition,
     kkt_residuals,
 )
-from sv_attention.svdd.reference import check_hyper, feasible, solve_dual
+from sv_attention.svdd.reference import (
+    DEGENERATE_GAP,
+    canonical_rho,
+    check_hyper,
+    feasible,
+    rho_interval,
+    solve_dual,
+)
 from sv_attention.svdd.reference import refit as refit  # re-exported: the from-scratch reference
 
 SWEEP = 3  # status of the key whose coefficient is being swept
 
 G_TOL = 1e-12          # admission: g_c >= -G_TOL -> reserve; evicted re-check threshold
-PIVOT_FLOOR = 1e-11    # |pivot| below this -> refactor / refuse the join
-R_EXPLODE = 1e12       # max|R| above this -> refactor
+PIVOT_FLOOR = 1e-9     # |pivot| below this -> refactor, then refuse the join (near-duplicate key)
+R_EXPLODE = 1e11       # max|R| above this -> refactor
 REFACTOR_EVERY = 200   # periodic refactor (R updates between full refactors)
 STEP_EPS = 1e-12       # near-zero step for anti-cycling
 FALLBACK_TOL = 1e-7    # KKT residual above this after a walk -> from-scratch solve (reported)
@@ -325,6 +332,8 @@ class IncrementalSVDD(ReadAPI):
             self._next_id = max(self._next_id, max(new_ids) + 1)
         readmitted, fb = self._recheck_evicted()
         fallback |= fb
+        if self._solved and not self._S:
+            self._finalize()  # rho is not unique with an empty margin set: re-centre it on the new history
         return self._receipt(AdmissionReceipt, tuple(new_ids), t0, guards0, events0, fallback,
                              readmitted=readmitted)
 
@@ -354,6 +363,8 @@ class IncrementalSVDD(ReadAPI):
                 del self._evicted[i]
             else:
                 fallback |= self._delete(self._id_to_slot[i])
+        if self._solved and not self._S:
+            self._finalize()  # rho is not unique with an empty margin set: re-centre it on the new history
         readmitted: tuple[int, ...] = ()
         if active and self._solved:
             readmitted, fb = self._recheck_evicted()
@@ -537,14 +548,15 @@ class IncrementalSVDD(ReadAPI):
         beta = -R @ b
         piv = 2.0 * self._K[k, k] + b @ beta
         if abs(piv) < PIVOT_FLOOR:
-            old_S, old_R = list(self._S), R
-            self._S.append(k)
-            if self._refactor("refactor_tiny_pivot"):
-                self._status[k] = MARGIN
-                return True
-            self._S, self._R = old_S, old_R
-            self._guards["refused_degenerate_join"] += 1
-            return False
+            # recompute the pivot from a fresh inverse before deciding (drift can fake a tiny pivot)
+            if self._refactor("refactor_tiny_pivot") and self._R is not None:
+                R = self._R
+                beta = -R @ b
+                piv = 2.0 * self._K[k, k] + b @ beta
+            if abs(piv) < PIVOT_FLOOR:
+                # k is a (near-)duplicate of the margin set: the bordered matrix would be singular
+                self._guards["refused_degenerate_join"] += 1
+                return False
         m = s.size + 1
         Rn = np.empty((m + 1, m + 1))
         Rn[:m, :m] = R + np.outer(beta, beta) / piv
@@ -582,6 +594,7 @@ class IncrementalSVDD(ReadAPI):
         K, alpha, g, st = self._K, self._alpha, self._g, self._status
         C = self.C
         tabu: set[int] = set()
+        left_at_zero: set[int] = set()  # keys that left S on a zero step since the last positive step
         last_left = -1
         budget = 50 + 8 * n
         for _ in range(budget):
@@ -613,9 +626,10 @@ class IncrementalSVDD(ReadAPI):
             tB = np.minimum(tE, tR)
             for j in tabu:
                 tB[j] = np.inf
-            if 0 <= last_left < n and tB[last_left] <= STEP_EPS:
-                tB[last_left] = np.inf
-                self._guards["anti_cycling_skip"] += 1
+            for j in left_at_zero | ({last_left} if last_left >= 0 else set()):
+                if tB[j] <= STEP_EPS:  # anti-cycling: no re-entry on a zero step
+                    tB[j] = np.inf
+                    self._guards["anti_cycling_skip"] += 1
             tS = np.maximum(tS, 0.0)
             # the swept key itself
             if direction > 0:
@@ -634,6 +648,8 @@ class IncrementalSVDD(ReadAPI):
                 kind, t = 0, float(t_end)  # a tie with the end of the sweep ends it (no spurious empty S)
             if not np.isfinite(t):
                 raise _WalkFailed("no event bounds the sweep")
+            if t > STEP_EPS:
+                left_at_zero.clear()
             dt = t * direction
             alpha[c] += dt
             alpha[s] += beta[1:] * dt
@@ -664,6 +680,8 @@ class IncrementalSVDD(ReadAPI):
                     st[k] = RESERVE
                 g[k] = 0.0
                 last_left = k
+                if t <= STEP_EPS:
+                    left_at_zero.add(k)
                 tabu.clear()  # a refused (degenerate) join may be possible against the smaller S
                 continue
             k = iB
@@ -707,6 +725,9 @@ class IncrementalSVDD(ReadAPI):
             steps = np.where(cand, np.maximum(g, 0.0), np.inf)
             k = int(np.argmin(steps))
             dr = -steps[k]
+            if not np.isfinite(dr) and self._alpha[c] <= 1e-9 * self.C:
+                self._alpha[c] = 0.0  # every other key is on the box: a tie blurred by rounding
+                return True
         if not np.isfinite(dr):
             raise _WalkFailed("empty margin set and no key can join it")
         self._rho += dr
@@ -729,19 +750,29 @@ class IncrementalSVDD(ReadAPI):
         alpha[st == ERROR] = self.C
         alpha[st == RESERVE] = 0.0
         K = self._K
-        for attempt in range(3):
+        for attempt in range(6):  # at most one degenerate-margin pass + refinement steps
             sv = np.flatnonzero(alpha != 0.0)
             h = 2.0 * (alpha[sv] @ K[sv, :n]) - 1.0
             if not self._S:
-                self._rho = _canonical_rho(h, st)
+                self._rho = self._canonical_rho(alpha, h)
                 self._g[:n] = self._rho + h
                 break
+            lo, hi = rho_interval(alpha, h, self.C)
+            if hi - lo > DEGENERATE_GAP:
+                # no key strictly inside the box: the margin keys sit on bounds and rho is not unique
+                for k in list(self._S):
+                    self._contract(k)
+                    at_c = alpha[k] >= 0.5 * self.C
+                    alpha[k] = self.C if at_c else 0.0
+                    st[k] = ERROR if at_c else RESERVE
+                self._guards["degenerate_margin_to_bounds"] += 1
+                continue
             self._g[:n] = self._rho + h
             s = np.array(self._S, dtype=np.int64)
             r = np.empty(s.size + 1)
             r[0] = alpha.sum() - 1.0
             r[1:] = self._g[s]
-            if np.abs(r).max() <= 1e-14 or attempt == 2:
+            if np.abs(r).max() <= 1e-14 or attempt >= 4:
                 break
             if attempt == 1 and np.abs(r).max() > 1e-9:
                 self._refactor("refactor_residual")
@@ -753,12 +784,26 @@ class IncrementalSVDD(ReadAPI):
             alpha[s] -= dx[1:]
         return self._residuals(with_evicted=False)
 
+    def _canonical_rho(self, alpha: np.ndarray, h: np.ndarray) -> float:
+        """Canonical rho for an empty margin set over the full history (evicted reserve keys included,
+        since they bound rho from below like active reserve keys)."""
+        if not self._evicted:
+            return canonical_rho(alpha, h, self.C)
+        lo, hi = rho_interval(alpha, h, self.C)
+        lo_ev = float((-self._evicted_g(rho=0.0)).max())  # evicted keys: g = rho + h_ev >= 0
+        if lo_ev <= hi:  # otherwise an evicted key is violated and the re-check re-admits it
+            lo = max(lo, lo_ev)
+        if not np.isfinite(lo):
+            return hi if np.isfinite(hi) else 0.0
+        return 0.5 * (lo + hi) if np.isfinite(hi) else lo
+
     def _residuals(self, with_evicted: bool) -> KKTResiduals:
         n = self._n
         ge = self._evicted_g() if with_evicted else None
         return kkt_residuals(self._alpha[:n], self._g[:n], self._status[:n], self.C, ge)
 
-    def _evicted_g(self) -> np.ndarray:
+    def _evicted_g(self, rho: float | None = None) -> np.ndarray:
+        """KKT gradients ``g`` of the evicted keys under the current solution (``rho`` overrides)."""
         if not self._evicted or not self._solved:
             return np.zeros(0)
         E = np.stack(list(self._evicted.values()))
@@ -766,7 +811,7 @@ class IncrementalSVDD(ReadAPI):
         sv = np.flatnonzero(self._alpha[:n] != 0.0)
         diff = E[:, None, :] - self._X[sv][None, :, :]
         kx = np.exp(-np.einsum("qnd,qnd->qn", diff, diff) * self._inv_s2)
-        return self._rho - 1.0 + 2.0 * kx @ self._alpha[sv]
+        return (self._rho if rho is None else rho) - 1.0 + 2.0 * kx @ self._alpha[sv]
 
     def _from_scratch(self) -> None:
         """Replace the maintained solution by a from-scratch solve of the active keys (first feasible
@@ -884,12 +929,6 @@ class IncrementalSVDD(ReadAPI):
                    guard_events=sum(detail.values()), guard_detail=detail,
                    elapsed_s=time.perf_counter() - t0, in_warmup=self.in_warmup, fallback=fallback,
                    events=self._events - events0, **extra)
-
-
-def _canonical_rho(h: np.ndarray, status: np.ndarray) -> float:
-    from sv_attention.svdd.reference import canonical_rho
-
-    return canonical_rho(h, status)
 
 
 def _as_id_array(ids: Any) -> np.ndarray:

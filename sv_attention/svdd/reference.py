@@ -50,19 +50,32 @@ def rbf_gram_np(X: np.ndarray, sigma: float) -> np.ndarray:
     return K
 
 
-def canonical_rho(h: np.ndarray, status: np.ndarray) -> float:
-    """The offset rho when the margin set is empty (then rho is not unique): the midpoint of the interval
-    that keeps ``g = rho + h`` <= 0 on E and >= 0 on R (the single finite end when only one exists)."""
-    e, r = status == ERROR, status == RESERVE
-    hi = -h[e].max() if e.any() else None  # rho <= hi
-    lo = -h[r].min() if r.any() else None  # rho >= lo
-    if hi is None and lo is None:
-        return 0.0
-    if hi is None:
-        return float(lo)
-    if lo is None:
-        return float(hi)
-    return float(0.5 * (lo + hi))
+def rho_interval(alpha: np.ndarray, h: np.ndarray, C: float) -> tuple[float, float]:
+    """The offsets rho that satisfy the KKT conditions with ``g = rho + h`` (``h = 2 K alpha - diag K``).
+
+    ``g_i >= 0`` where ``alpha_i < C`` and ``g_i <= 0`` where ``alpha_i > 0`` give ``[lo, hi]``. At an
+    optimum with a key strictly inside the box the interval is a point; otherwise rho is not unique.
+    The interval is the same for every optimal alpha (the dual optimal set), so its midpoint is a
+    canonical rho shared by the maintained solver and the reference.
+    """
+    below = alpha < C * (1.0 - BOUND_TOL)
+    above = alpha > C * BOUND_TOL
+    lo = float((-h[below]).max()) if below.any() else -np.inf
+    hi = float((-h[above]).min()) if above.any() else np.inf
+    return lo, hi
+
+
+def canonical_rho(alpha: np.ndarray, h: np.ndarray, C: float) -> float:
+    """Midpoint of :func:`rho_interval` (its finite end when the other is infinite)."""
+    lo, hi = rho_interval(alpha, h, C)
+    if not np.isfinite(lo):
+        return hi if np.isfinite(hi) else 0.0
+    if not np.isfinite(hi):
+        return lo
+    return 0.5 * (lo + hi)
+
+
+DEGENERATE_GAP = 1e-10  # rho interval wider than this: no key strictly inside the box, rho not unique
 
 
 def polish(K: np.ndarray, C: float, status: np.ndarray) -> tuple[np.ndarray, float]:
@@ -78,7 +91,7 @@ def polish(K: np.ndarray, C: float, status: np.ndarray) -> tuple[np.ndarray, flo
     diag = np.diag(K)
     if s.size == 0:
         h = 2.0 * K @ alpha - diag
-        return alpha, canonical_rho(h, status)
+        return alpha, canonical_rho(alpha, h, C)
     M = np.zeros((s.size + 1, s.size + 1))
     M[0, 1:] = 1.0
     M[1:, 0] = 1.0
@@ -174,10 +187,20 @@ def solve_dual(K: np.ndarray, C: float) -> tuple[np.ndarray, float, np.ndarray, 
     s = status == MARGIN
     in_box = (not s.any()) or (a_p[s].min() >= -1e-12 and a_p[s].max() <= C * (1 + 1e-12))
     if in_box and res.max <= 1e-9:
-        return a_p, rho_p, status, iters
-    # polish failed (degenerate margin block): keep the SMO point and its averaged rho
+        alpha, rho = a_p, rho_p
+    else:
+        # polish failed (degenerate margin block): keep the SMO point and its averaged rho
+        h = 2.0 * K @ alpha - diag
+        rho = float(-h[s].mean()) if s.any() else canonical_rho(alpha, h, C)
+    # rho is not unique when no key is strictly inside the box: use the canonical midpoint
     h = 2.0 * K @ alpha - diag
-    rho = float(-h[s].mean()) if s.any() else canonical_rho(h, status)
+    lo, hi = rho_interval(alpha, h, C)
+    if hi - lo > DEGENERATE_GAP:
+        rho = canonical_rho(alpha, h, C)
+        m = status == MARGIN
+        alpha[m & (alpha >= 0.5 * C)] = C
+        alpha[m & (alpha < 0.5 * C)] = 0.0
+        status = classify(alpha, C)
     return alpha, rho, status, iters
 
 
