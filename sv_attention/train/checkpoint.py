@@ -4,7 +4,8 @@ Layout (``run_dir/checkpoints/step_000300/``)::
 
     config.json, model.safetensors     the model, loadable with from_pretrained / sv-attention export
     training_state.pt                  optimiser and scheduler state dicts, step
-    trainer_state.json                 step, TrainConfig, the recorded data split, metrics so far
+    trainer_state.json                 step, train_config (TrainConfig), data (the recorded contiguous
+                                       split with hashes), tokens_seen, parameters, metrics so far
 
 ``run_dir/checkpoints/LAST`` names the newest complete checkpoint (written after the folder is complete,
 so an interrupted save never becomes the resume point).

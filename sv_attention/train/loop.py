@@ -300,6 +300,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, acceler
                 acc.wait_for_everyone()
                 if acc.is_main_process:
                     record = {"train_config": cfg.to_json(), "data": data_record, "parameters": params,
+                              "tokens_seen": step * tokens_per_step,
                               "unlogged_losses": list(recent),
                               "metrics": {"val_bpb": last_eval["val_bpb"] if last_eval else None,
                                           "tokens_seen": step * tokens_per_step}}

@@ -30,7 +30,10 @@ def test_tiny_quickstart_end_to_end(tmp_path, capsys):
     assert de["paths"] == {"1": "exact decrement"} and de["max_refit_deviation"] < 1e-8
     paths = s["paths"]
     art = Path(paths["artifact"])
-    assert (art / "MANIFEST.json").is_file() and "quickstart_twins" in (art / "README.md").read_text()
+    assert "quickstart_twins" in (art / "README.md").read_text()
+    training = json.loads((art / "MANIFEST.json").read_text())["training"]
+    assert training["steps"] == 4 and training["dataset"] == "embedded"
+    assert training["data"]["validation"]["start"] == training["data"]["train"]["end"]
     assert json.loads(Path(paths["verify_report"]).read_text())["ok"] is True
     saved = json.loads((tmp_path / "qs" / "quickstart.json").read_text())
     assert saved["val_bpb"] == s["val_bpb"] and saved["provenance"]["git_commit"] is not None

@@ -80,6 +80,7 @@ def test_training_learns_logs_and_checkpoints(tmp_path):
     assert summary["val_bpb"] == res.val_bpb and summary["steps"] == 12
     ckpt = latest_checkpoint(tmp_path / "run")
     assert ckpt == res.checkpoint and read_trainer_state(ckpt)["step"] == 12
+    assert read_trainer_state(ckpt)["data"] == summary["data"]  # the hold-out is recorded with the weights
     reloaded = load_pretrained(cfg, ckpt)
     windows = eval_windows(torch.arange(300, dtype=torch.uint8) % 97, 32, 256)
     ref = evaluate_bpb(build_model(cfg), windows, 8)
