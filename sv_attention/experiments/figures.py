@@ -141,3 +141,25 @@ def _selective_copy(p: dict[str, Any], fig: Any) -> None:
 def _capacity(p: dict[str, Any], fig: Any) -> None:
     _recall_vs_x(p, fig, "per_items", "distinct items", ("sv", "deltanet", "linear"),
                  f"Capacity with a 20-token filler block ({p['parameters']['trials']} trials per size)")
+
+
+@_register("recall")
+def _recall(p: dict[str, Any], fig: Any) -> None:
+    s = p["summary"]
+    ax = fig.subplots(1, 1)
+    methods = ("gated", "gate_off", "softmax")
+    pub = p["published"]
+    groups = ("pairs", "with_query_tokens")
+    for gi, g in enumerate(groups):
+        for mi, m in enumerate(methods):
+            x = gi * 4 + mi
+            ax.bar(x, s[g][m], color=["tab:green", "tab:olive", "tab:blue"][mi],
+                   label=["gated (SV)", "gate off (uniform RBF)", "softmax"][mi] if gi == 0 else None)
+            ax.plot([x - 0.4, x + 0.4], [pub[m], pub[m]], "k--", lw=1,
+                    label="published" if gi == 0 and mi == 0 else None)
+    ax.set_xticks([1, 5], ["query reads the pairs", "query tokens also keys (causal)"])
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("recall@1")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"Distinct-key associative recall ({p['parameters']['trials']} trials, "
+                 f"{p['parameters']['n_pairs']} pairs)")
