@@ -1,0 +1,325 @@
+"""Fixed-partition bordered solves and the batched active-set polish of the batched SVDD path.
+
+Given a partition of every problem's keys into margin ``S``, error ``E`` (alpha = C) and reserve ``R``
+(alpha = 0), the SVDD optimum restricted to that partition solves the bordered KKT system (DESIGN §2.2)
+
+    [[0, 1_S^T], [1_S, 2 K_SS + ridge I]] [rho; alpha_S] = [1 - |E| C; diag(K)_S - 2 C K_SE 1].
+
+All problems are solved in one batched ``torch.linalg.solve_ex`` on compacted ``[G, m+1, m+1]`` matrices
+(``m = max |S|``, typically far below n: the margin set of an RBF SVDD is small): each problem's margin
+keys are gathered to the front and the unused slots are identity rows with a zero right-hand side, so
+they neither mix with the margin block nor receive gradient; padded and non-margin keys enter only
+through ``K_SE 1`` and ``diag(K)``. The solve is differentiable (autograd goes
+through ``solve_ex``); it is guarded: a problem whose LU reports a zero pivot or whose solution is not
+finite is re-solved with a larger ridge and counted as a fallback.
+
+:func:`active_set_polish` refines a partition by a primal-dual active-set iteration (move margin points
+whose alpha left the box, reserve points with negative and error points with positive KKT gradient),
+keeping per problem the partition with the smallest KKT violation seen (anti-cycling by selection: the
+iteration can oscillate on clustered keys, the best iterate never gets worse).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: Ridge of the fallback re-solve for problems whose guarded solve failed.
+FALLBACK_RIDGE = 1e-2
+
+
+@dataclass
+class FixedPartitionSolve:
+    """Result of :func:`fixed_partition_solve` (all tensors batched over problems).
+
+    Attributes
+    ----------
+    alpha : Tensor ``[G, n]``  (alpha_S from the solve, C on E, 0 elsewhere)
+    rho : Tensor ``[G]``
+    ok : bool Tensor ``[G]``  False where the guarded solve failed and the fallback ridge was used
+    empty : bool Tensor ``[G]``  True where the margin set is empty (rho then from the KKT interval)
+    """
+
+    alpha: torch.Tensor
+    rho: torch.Tensor
+    ok: torch.Tensor
+    empty: torch.Tensor
+
+
+def kkt_gradient(gram: torch.Tensor, alpha: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    """KKT gradient ``g_i = rho - K_ii + 2 (K alpha)_i`` for every problem, ``[G, n]``."""
+    diag = torch.diagonal(gram, dim1=-2, dim2=-1)
+    return rho[:, None] - diag + 2.0 * (gram @ alpha[..., None])[..., 0]
+
+
+def _c_column(C: torch.Tensor) -> torch.Tensor:
+    return C[:, None]
+
+
+def _bordered_system(gram: torch.Tensor, margin: torch.Tensor, error: torch.Tensor, C: torch.Tensor,
+                     ridge: float | torch.Tensor,
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Build the compacted bordered system (differentiable in gram and C).
+
+    The margin keys of each problem are gathered to the front (``order [G, m]``, ``m = max |S|``); slots
+    beyond a problem's ``|S|`` are identity rows with a zero right-hand side.
+
+    Returns
+    -------
+    A ``[G, m+1, m+1]``, b ``[G, m+1]``, empty ``[G]`` bool, order ``[G, m]`` long, vcf ``[G, m]`` (1.0 on
+    used slots).
+    """
+    G, n, _ = gram.shape
+    dt = gram.dtype
+    ns = margin.sum(-1)
+    m = int(ns.max()) if G > 0 else 0
+    order = torch.argsort((~margin).to(torch.int8), dim=-1, stable=True)[:, :m]
+    vcf = (torch.arange(m, device=gram.device)[None, :] < ns[:, None]).to(dt)
+    Kc = gram.gather(1, order[:, :, None].expand(G, m, n)).gather(2, order[:, None, :].expand(G, m, m))
+    eye = torch.eye(m, dtype=dt, device=gram.device)
+    ridge_t = ridge if isinstance(ridge, torch.Tensor) else torch.as_tensor(ridge, dtype=dt, device=gram.device)
+    if ridge_t.dim() == 1:
+        ridge_t = ridge_t[:, None, None]
+    block = 2.0 * Kc * (vcf[:, :, None] * vcf[:, None, :]) + eye * (1.0 - vcf)[:, None, :] \
+        + eye * (ridge_t * vcf[:, None, :])
+    empty = ns == 0
+    corner = empty.to(dt)[:, None, None]  # 1 where S is empty so the system stays non-singular
+    top = torch.cat([corner, vcf[:, None, :]], dim=2)
+    rest = torch.cat([vcf[:, :, None], block], dim=2)
+    A = torch.cat([top, rest], dim=1)
+    ef = error.to(dt)
+    diag = torch.diagonal(gram, dim1=-2, dim2=-1)
+    h = diag - 2.0 * _c_column(C) * (gram @ ef[..., None])[..., 0]
+    b0 = 1.0 - C * ef.sum(-1)
+    b = torch.cat([b0[:, None], h.gather(1, order) * vcf], dim=1)
+    return A, b, empty, order, vcf
+
+
+def _rho_interval_midpoint(gram: torch.Tensor, alpha: torch.Tensor, mask: torch.Tensor,
+                           error: torch.Tensor) -> torch.Tensor:
+    """For an empty margin set: rho in [max_R h_i, min_E h_i] with h = K_ii - 2 (K alpha)_i; midpoint."""
+    diag = torch.diagonal(gram, dim1=-2, dim2=-1)
+    h = diag - 2.0 * (gram @ alpha[..., None])[..., 0]
+    reserve = mask & ~error
+    big = torch.finfo(gram.dtype).max / 4
+    lo = torch.where(reserve, h, torch.full_like(h, -big)).amax(-1)
+    hi = torch.where(error, h, torch.full_like(h, big)).amin(-1)
+    lo = torch.where(lo <= -big, hi, lo)
+    hi = torch.where(hi >= big, lo, hi)
+    mid = 0.5 * (lo + hi)
+    return torch.where(torch.isfinite(mid) & (mid.abs() < big), mid, torch.zeros_like(mid))
+
+
+def fixed_partition_solve(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor, error: torch.Tensor,
+                          C: torch.Tensor, ridge: float | torch.Tensor = 0.0) -> FixedPartitionSolve:
+    """Solve the bordered KKT system of every problem for a given partition (differentiable).
+
+    Parameters
+    ----------
+    gram : Tensor ``[G, n, n]`` (entries of padded keys are ignored)
+    mask : bool Tensor ``[G, n]``  valid keys
+    margin, error : bool Tensor ``[G, n]``  margin set S and error set E (subsets of ``mask``, disjoint)
+    C : Tensor ``[G]``  box of each problem (may require grad)
+    ridge : float or Tensor ``[G]``  added to the diagonal of ``2 K_SS`` (0 = exact fixed-partition optimum)
+
+    Returns
+    -------
+    FixedPartitionSolve
+    """
+    A, b, empty, order, vcf = _bordered_system(gram, margin, error, C, ridge)
+    u, info = torch.linalg.solve_ex(A, b[..., None], check_errors=False)
+    u = u[..., 0]
+    ok = (info == 0) & torch.isfinite(u).all(-1)
+    if not bool(ok.all()):
+        # Guard (DESIGN §2.4): re-solve the failed problems with a larger ridge by least squares;
+        # replace only those rows.
+        bad = ok.logical_not().nonzero()[:, 0]
+        d = torch.cat([torch.zeros_like(vcf[:, :1]), vcf], dim=1)[bad]
+        A2 = A[bad] + FALLBACK_RIDGE * torch.diag_embed(d)
+        u2 = torch.linalg.lstsq(A2, b[bad][..., None]).solution[..., 0]
+        u2 = torch.nan_to_num(u2, nan=0.0, posinf=0.0, neginf=0.0)
+        u = u.index_put((bad,), u2)
+    alpha_c = u[:, 1:] * vcf
+    alpha = torch.zeros_like(gram[:, 0]).scatter_add(1, order, alpha_c) + _c_column(C) * error.to(gram.dtype)
+    rho = u[:, 0]
+    if bool(empty.any()):
+        rho = torch.where(empty, _rho_interval_midpoint(gram, alpha, mask, error), rho)
+    return FixedPartitionSolve(alpha=alpha, rho=rho, ok=ok, empty=empty)
+
+
+def kkt_violation(alpha: torch.Tensor, g: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
+                  error: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+    """Largest KKT violation of each problem, ``[G]``: box violation of alpha in units of C on S, sign
+    violation of g on R (g < 0) and E (g > 0), and |g| on S (nonzero only for ridged solves)."""
+    reserve = mask & ~margin & ~error
+    Cc = _c_column(C)
+    box = torch.where(margin, torch.maximum(-alpha, alpha - Cc).clamp_min(0.0) / Cc, torch.zeros_like(alpha))
+    gR = torch.where(reserve, (-g).clamp_min(0.0), torch.zeros_like(g))
+    gE = torch.where(error, g.clamp_min(0.0), torch.zeros_like(g))
+    return torch.stack([box.amax(-1), gR.amax(-1), gE.amax(-1)], dim=0).amax(0)
+
+
+@dataclass
+class PolishResult:
+    """Result of :func:`active_set_polish`.
+
+    Attributes
+    ----------
+    margin, error : bool Tensor ``[G, n]``  best partition found
+    violation : Tensor ``[G]``  its KKT violation (:func:`kkt_violation` of the exact fixed-partition solve)
+    converged : bool Tensor ``[G]``  partition stable (no point moves) within tolerance
+    steps : int  polish steps run (the loop stops early once every problem converged)
+    solve_failures : int  guarded-solve fallbacks during polishing
+    """
+
+    margin: torch.Tensor
+    error: torch.Tensor
+    violation: torch.Tensor
+    converged: torch.Tensor
+    steps: int
+    solve_failures: int
+
+
+def active_set_polish(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor, error: torch.Tensor,
+                      C: torch.Tensor, steps: int, tol: float, full_steps: int = 1 << 30,
+                      keep_frac: float = 0.5) -> PolishResult:
+    """Primal-dual active-set refinement of a batched partition (no autograd).
+
+    Each step solves every problem's bordered system exactly for its current partition, computes the
+    KKT gradient, and moves every violating point at once: margin points with ``alpha < -tol C`` to R
+    and ``alpha > C + tol C`` to E, reserve points with ``g < -tol`` and error points with ``g > tol``
+    to S. The partition with the smallest violation seen is kept per problem.
+
+    Parameters
+    ----------
+    gram : Tensor ``[G, n, n]`` (detached)
+    mask, margin, error : bool Tensor ``[G, n]``  the starting partition (e.g. read out of FISTA)
+    C : Tensor ``[G]``
+    steps : int  maximum number of polish steps (each is one batched solve)
+    tol : float  tolerance of the move rules and of convergence
+
+    Returns
+    -------
+    PolishResult
+    """
+    G = gram.shape[0]
+    best_m, best_e = margin.clone(), error.clone()
+    best_v = torch.full((G,), float("inf"), dtype=gram.dtype, device=gram.device)
+    converged = torch.zeros(G, dtype=torch.bool, device=gram.device)
+    failures = 0
+    cur_m, cur_e = margin, error
+    run = 0
+    Cc = _c_column(C)
+    for _ in range(max(steps, 0) + 1):
+        sol = fixed_partition_solve(gram, mask, cur_m, cur_e, C, 0.0)
+        failures += int((~sol.ok).sum())
+        g = kkt_gradient(gram, sol.alpha, sol.rho)
+        viol = kkt_violation(sol.alpha, g, mask, cur_m, cur_e, C)
+        better = viol < best_v
+        best_v = torch.where(better, viol, best_v)
+        best_m = torch.where(better[:, None], cur_m, best_m)
+        best_e = torch.where(better[:, None], cur_e, best_e)
+        reserve = mask & ~cur_m & ~cur_e
+        # Per-point violation (alpha in units of C); after `full_steps` steps only points within
+        # `keep_frac` of their problem's worst violation move (damps PDAS's oscillation on clustered keys).
+        pv = torch.where(cur_m, torch.maximum(-sol.alpha, sol.alpha - Cc) / Cc,
+                         torch.where(reserve, -g, torch.where(cur_e, g, torch.full_like(g, -1.0))))
+        thr = tol if run < full_steps else torch.clamp_min(keep_frac * pv.amax(-1, keepdim=True), tol)
+        big = pv > thr
+        to_r = cur_m & big & (sol.alpha < 0)
+        to_e = cur_m & big & (sol.alpha > Cc)
+        r_to_s = reserve & big
+        e_to_s = cur_e & big
+        moved = (to_r | to_e | r_to_s | e_to_s).any(-1)
+        converged = converged | ~moved
+        if run >= steps or bool(converged.all()):
+            break
+        new_m = (cur_m & ~to_r & ~to_e) | r_to_s | e_to_s
+        new_e = (cur_e & ~e_to_s) | to_e
+        # Frozen once converged: converged problems keep their partition.
+        cur_m = torch.where(converged[:, None], cur_m, new_m)
+        cur_e = torch.where(converged[:, None], cur_e, new_e)
+        run += 1
+    return PolishResult(margin=best_m, error=best_e, violation=best_v, converged=converged, steps=run,
+                        solve_failures=failures)
+
+
+def primal_active_set(gram: torch.Tensor, mask: torch.Tensor, alpha0: torch.Tensor, margin: torch.Tensor,
+                      error: torch.Tensor, C: torch.Tensor, steps: int, tol: float, add_frac: float = 0.1,
+                      ) -> PolishResult:
+    """Feasible (primal) active-set refinement of a batched partition (no autograd).
+
+    Starting from a feasible iterate ``alpha0`` (e.g. FISTA's) and its read-out partition, each step
+    solves the bordered system of the current partition for ``alpha*`` and moves along
+    ``alpha + t (alpha* - alpha)`` with the largest ``t <= 1`` that keeps the margin keys in the box
+    (ratio test). A blocked step moves the blocking keys to R (hit 0) or E (hit C); a full step admits
+    to S the reserve keys with ``g < -tol`` and the error keys with ``g > tol`` whose violation is at
+    least ``add_frac`` times the problem's largest one. The objective never increases, so the iteration
+    does not cycle the way the primal-dual (all-violators) update does on clustered keys. Problems with
+    no move left are frozen; the loop stops when all are.
+
+    Parameters
+    ----------
+    gram : Tensor ``[G, n, n]`` (detached)
+    mask : bool Tensor ``[G, n]``
+    alpha0 : Tensor ``[G, n]``  feasible start (``0 <= alpha0 <= C``, sum 1 over valid keys)
+    margin, error : bool Tensor ``[G, n]``  partition of the start (keys of R / E are snapped to 0 / C)
+    C : Tensor ``[G]``
+    steps : int  maximum number of steps (each one batched compact solve)
+    tol : float  tolerance of the KKT-gradient sign tests
+    add_frac : float, default 0.5  admit violators within this fraction of the worst one per step
+
+    Returns
+    -------
+    PolishResult  (``violation`` is that of the final partition's exact solve)
+    """
+    G = gram.shape[0]
+    Cc = _c_column(C)
+    dt = gram.dtype
+    alpha = torch.where(error, Cc.expand_as(alpha0), torch.where(margin, alpha0, torch.zeros_like(alpha0)))
+    converged = torch.zeros(G, dtype=torch.bool, device=gram.device)
+    failures = 0
+    cur_m, cur_e = margin, error
+    run = 0
+    while True:
+        sol = fixed_partition_solve(gram, mask, cur_m, cur_e, C, 0.0)
+        failures += int((~sol.ok).sum())
+        direction = sol.alpha - alpha
+        # Ratio test on the margin keys.
+        huge = torch.full_like(alpha, float("inf"))
+        t_lo = torch.where(cur_m & (sol.alpha < 0), alpha / (alpha - sol.alpha).clamp_min(1e-300), huge)
+        t_hi = torch.where(cur_m & (sol.alpha > Cc), (Cc - alpha) / (sol.alpha - alpha).clamp_min(1e-300), huge)
+        t_min = torch.minimum(t_lo.amin(-1), t_hi.amin(-1)).clamp(0.0, 1.0)
+        blocked = t_min < 1.0
+        step_alpha = alpha + t_min[:, None] * direction
+        full = ~blocked
+        # Full steps: KKT gradient of the exact solve; admit the worst violators.
+        g = kkt_gradient(gram, sol.alpha, sol.rho)
+        reserve = mask & ~cur_m & ~cur_e
+        pv = torch.where(reserve, -g, torch.where(cur_e, g, torch.full_like(g, -1.0)))
+        worst = pv.amax(-1, keepdim=True)
+        admit = (pv > tol) & (pv >= add_frac * worst) & full[:, None]
+        done = full & ~admit.any(-1)
+        converged = converged | done
+        if run >= steps or bool(converged.all()):
+            break
+        # Blocked steps: keys reaching a bound leave S.
+        thr = t_min[:, None] * (1.0 + 1e-6) + 1e-12
+        hit_lo = blocked[:, None] & cur_m & (t_lo <= thr)
+        hit_hi = blocked[:, None] & cur_m & (t_hi <= thr) & ~hit_lo
+        new_alpha = torch.where(full[:, None], sol.alpha, step_alpha)
+        new_alpha = torch.where(hit_lo, torch.zeros_like(new_alpha), new_alpha)
+        new_alpha = torch.where(hit_hi, Cc.expand_as(new_alpha), new_alpha)
+        new_m = (cur_m & ~hit_lo & ~hit_hi) | admit
+        new_e = (cur_e & ~admit) | hit_hi
+        frozen = converged[:, None]
+        alpha = torch.where(frozen, alpha, new_alpha)
+        cur_m = torch.where(frozen, cur_m, new_m)
+        cur_e = torch.where(frozen, cur_e, new_e)
+        run += 1
+    final = fixed_partition_solve(gram, mask, cur_m, cur_e, C, 0.0)
+    gf = kkt_gradient(gram, final.alpha, final.rho)
+    viol = kkt_violation(final.alpha, gf, mask, cur_m, cur_e, C).to(dt)
+    return PolishResult(margin=cur_m, error=cur_e, violation=viol, converged=converged, steps=run,
+                        solve_failures=failures)
