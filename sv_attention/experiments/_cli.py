@@ -33,9 +33,11 @@ def print_table(payload: dict[str, Any]) -> None:
     """Print the payload's ``table`` rows: metric | published | ours."""
     rows = payload.get("table", [])
     w = max([len(r["metric"]) for r in rows] + [6])
-    print(f"{'metric':<{w}}  {'published':>10}  {'ours':>10}")
+    wp = max([len(_fmt(r["published"])) for r in rows] + [10])
+    wo = max([len(_fmt(r["ours"])) for r in rows] + [10])
+    print(f"{'metric':<{w}}  {'published':>{wp}}  {'ours':>{wo}}")
     for r in rows:
-        print(f"{r['metric']:<{w}}  {_fmt(r['published']):>10}  {_fmt(r['ours']):>10}")
+        print(f"{r['metric']:<{w}}  {_fmt(r['published']):>{wp}}  {_fmt(r['ours']):>{wo}}")
 
 
 def finish(name: str, payload: dict[str, Any], args: argparse.Namespace) -> int:
