@@ -13,8 +13,9 @@ Operators and their knobs (defaults in brackets):
 =================  ==========================================================================
 ``softmax``        none (plain causal softmax attention)
 ``swa``            ``window`` [64]: each query reads its last ``window`` positions (itself included)
-``sv``             ``chunk`` [64], ``nu`` [0.5], ``n0`` [64] (C := 1/(nu*n0), fixed),
-                   ``sigma`` [None = median key distance per gate], ``local_window`` [None = chunk]
+``sv``             ``chunk`` [64] (queries in [s, s+chunk) read the gate fitted on positions < s; the
+                   current chunk is the dense local window), ``nu`` [0.5], ``n0`` [64]
+                   (C := 1/(nu*n0), fixed), ``sigma`` [None = median key distance of the first chunk]
 ``ceq``            ``gate`` ["sgate"], ``rho`` [1.5 sgate / 0.9 signed], ``lam`` [0.10, sgate only],
                    ``hops`` [2 sgate / 3 signed]; learnable per-layer alpha initialised 0
 ``ceq_path_sum``   same knobs as ``ceq``; (I + A + ... + A^hops) v with no softmax underneath
@@ -73,15 +74,6 @@ def _choice(*options: str):
     return check
 
 
-def _optional_int_at_least(lo: int):
-    inner = _int_at_least(lo)
-
-    def check(name: str, value: Any) -> int | None:
-        return None if value is None else inner(name, value)
-
-    return check
-
-
 _INF = float("inf")
 _CEQ_KNOBS = {
     "gate": _choice("sgate", "signed"),
@@ -98,7 +90,6 @@ OPERATOR_KNOBS: dict[str, dict[str, Any]] = {
         "nu": _float_in(0.0, 1.0),
         "n0": _int_at_least(1),
         "sigma": _float_in(0.0, _INF, hi_open=True, allow_none=True),
-        "local_window": _optional_int_at_least(1),
     },
     "ceq": dict(_CEQ_KNOBS),
     "ceq_path_sum": dict(_CEQ_KNOBS),
@@ -116,7 +107,7 @@ def operator_defaults(operator: str, given: dict[str, Any] | None = None) -> dic
     if operator == "swa":
         return {"window": 64}
     if operator == "sv":
-        return {"chunk": 64, "nu": 0.5, "n0": 64, "sigma": None, "local_window": None}
+        return {"chunk": 64, "nu": 0.5, "n0": 64, "sigma": None}
     if operator in ("ceq", "ceq_path_sum"):
         if given.get("gate", "sgate") == "signed":
             return {"gate": "signed", "rho": 0.9, "hops": 3}

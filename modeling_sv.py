@@ -27,6 +27,7 @@ SV gate state). ``generate`` builds one automatically. Both ``cache=`` (transfor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -264,7 +265,64 @@ def smprime_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     return out[:, :, -q_len:].transpose(1, 2).contiguous(), None
 
 
+def sv_box(knobs: dict[str, Any]) -> tuple[float, int]:
+    """``(C, warm-up size)`` of the ``sv`` operator: ``C = 1/(nu n0)`` fixed, warm-up ``ceil(1/C) + 2``."""
+    C = 1.0 / (knobs["nu"] * knobs["n0"])
+    return C, int(math.ceil(1.0 / C - 1e-9)) + 2
+
+
+def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
+                operator_state: dict[str, Any] | None = None, output_attentions: bool = False,
+                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The causal hybrid SV layer (DESIGN §2.5): chunk-frozen SVDD gate on the prefix, dense local chunk.
+
+    Queries in chunk ``[s, s + chunk)`` read the gate fitted (batched solver, differentiable alpha) on
+    the keys at positions ``< s``: softmax weights times ``alpha_j`` on that prefix, times 1 on the
+    current chunk, one softmax over ``[0, t]`` renormalised (the gate enters as a ``log alpha`` bias).
+    Chunk 0 and boundaries below the warm-up size are plain causal softmax. The gate comes from
+    :func:`sv_attention.hf.sv_gate.causal_gate_bias`; with a cache its per-boundary gates are kept in
+    ``operator_state["gate"]`` (fitted once per boundary, checked against a key fingerprint), so cached
+    decoding equals the recomputation.
+
+    The gate is **detached**, as in the published layer: gradients reach q, k, v through the softmax
+    logits and values, not through alpha (the batched solve's alpha is an approximation whose reserve
+    entries are exactly 0, where ``d log alpha`` is undefined). Its coefficients carry no deletion
+    certificate; only the exact solver's do.
+    """
+    from sv_attention.hf.sv_gate import causal_gate_bias
+
+    knobs = module.config.operator_config
+    C, warmup = sv_box(knobs)
+    b, h, q_len, _ = query.shape
+    kv_len = key.shape[-2]
+    if mask is None:
+        mask = (torch.arange(kv_len, device=query.device)[None, :]
+                <= torch.arange(kv_len - q_len, kv_len, device=query.device)[:, None])[None, None]
+    visible = mask[:, 0].expand(b, q_len, kv_len)
+    keep = operator_state is not None and not module.training
+    state = operator_state.get("gate") if keep else None
+    with torch.no_grad():  # the gate is detached (as published): no gradient through alpha
+        bias, new_state = causal_gate_bias(key.detach(), visible, C=C, warmup=warmup, chunk=knobs["chunk"],
+                                           sigma=knobs["sigma"], state=state, keep_state=keep)
+    if keep:
+        operator_state["gate"] = new_state
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    scores = torch.matmul(query.to(dtype), key.to(dtype).transpose(-1, -2)) * scaling
+    if bias is not None:
+        scores = scores + bias.to(dtype)
+    vis = visible[:, None]
+    scores = scores.masked_fill(~vis, float("-inf"))
+    has = vis.any(-1, keepdim=True)
+    scores = torch.where(has, scores, torch.zeros_like(scores))  # rows with no key: no NaN
+    weights = torch.softmax(scores, dim=-1) * has.to(dtype)
+    out = torch.matmul(_dropout(weights, dropout, module.training), value.to(dtype))
+    return (out.to(query.dtype).transpose(1, 2).contiguous(),
+            weights.to(query.dtype) if output_attentions else None)
+
+
 OPERATOR_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
+    "sv": sv_operator,
     "smprime": smprime_operator,
     "softmax": softmax_operator,
     "swa": swa_operator,

@@ -21,7 +21,9 @@ CACHED_OPERATORS = [
     ("ceq", {"gate": "signed"}),
     ("ceq_path_sum", {}),
     ("smprime", {"beta_init": 0.8}),
+    ("sv", {"chunk": 4, "nu": 0.5, "n0": 8}),
 ]
+SV_KNOBS = {"chunk": 4, "nu": 0.5, "n0": 8}  # C = 1/4, warm-up 6 keys: gates at boundaries 8, 12, ...
 
 
 def tiny(operator="softmax", knobs=None, seed=0, **kw):
@@ -79,6 +81,26 @@ def test_smprime_init_and_softmax_corner():
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_sv_is_softmax_before_the_first_gate_and_gated_after():
+    sv, soft = tiny("sv", SV_KNOBS, seed=7), tiny(seed=7)
+    x = torch.randint(0, 256, (2, 13))
+    with torch.no_grad():
+        a, b = sv(x, use_cache=False).logits, soft(x, use_cache=False).logits
+    # positions 0..7 read no gate (chunk 0, and boundary 4 is below the warm-up size 6)
+    torch.testing.assert_close(a[:, :8], b[:, :8], rtol=1e-5, atol=1e-5)
+    assert (a[:, 8:] - b[:, 8:]).abs().max() > 1e-4
+
+
+def test_sv_trains_with_finite_gradients():
+    m = tiny("sv", SV_KNOBS, seed=8).train()
+    x = torch.randint(0, 256, (2, 14))
+    out = m(x, labels=x)
+    out.loss.backward()
+    grads = [p.grad for p in m.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    assert m.model.layers[1].attn.k_proj.weight.grad.abs().sum() > 0
+
+
 def test_softmax_operator_matches_reference():
     m = tiny()
     attn = m.model.layers[0].attn
@@ -131,8 +153,8 @@ def test_cached_equals_uncached(op, knobs):
             parts.append(out.logits)
     assert isinstance(cache, SVLMCache)
     assert (torch.cat(parts, 1) - full).abs().max() <= 1e-5
-    g1 = m.generate(x[:, :4], max_new_tokens=12, do_sample=False)
-    g2 = m.generate(x[:, :4], max_new_tokens=12, do_sample=False, use_cache=False)
+    g1 = m.generate(x[:, :4], max_new_tokens=10, do_sample=False)
+    g2 = m.generate(x[:, :4], max_new_tokens=10, do_sample=False, use_cache=False)
     assert torch.equal(g1, g2)
 
 
