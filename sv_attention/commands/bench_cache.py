@@ -91,13 +91,17 @@ def bench_deletion(model: Any, ids: Any, trials: int, seed: int) -> dict[str, An
         return {"skipped": "no admitted long-range tokens (context shorter than two chunks?)"}
     victims = rng.choice(admitted, size=min(trials, len(admitted)), replace=False).tolist()
     per_solver: dict[tuple[int, int], list[float]] = {}
+    by_kind: dict[str, list[float]] = {"support": [], "reserve": []}
     calls, kkts = [], []
     for p in victims:
+        was_sv = {(layer.layer_idx, j): float(layer.bank.solvers[0][j].alpha_of([int(p)])[0]) > 0
+                  for layer in cache.layers for j in range(len(layer.bank.solvers[0]))}
         rep = cache.forget([int(p)])
         calls.append(rep.elapsed_s)
         kkts.append(rep.max_kkt_residual)
         for s in rep.solvers:
             per_solver.setdefault((s.layer, s.head), []).append(s.elapsed_s)
+            by_kind["support" if was_sv[(s.layer, s.head)] else "reserve"].append(s.elapsed_s)
     solver = cache.layers[0].bank.solvers[0][0]
     ev = solver.state_dict()["evicted"]
     keys = np.concatenate([solver.keys] + ([np.stack(list(ev.values()))] if ev else []))
@@ -112,6 +116,10 @@ def bench_deletion(model: Any, ids: Any, trials: int, seed: int) -> dict[str, An
         "median_solver_decrement_ms": med * 1e3,
         "median_forget_call_ms": statistics.median(calls) * 1e3,
         "per_layer_head_median_ms": {f"L{k[0]}H{k[1]}": statistics.median(v) * 1e3 for k, v in sorted(per_solver.items())},
+        "median_support_vector_decrement_ms": statistics.median(by_kind["support"]) * 1e3 if by_kind["support"]
+        else None,
+        "median_reserve_decrement_ms": statistics.median(by_kind["reserve"]) * 1e3 if by_kind["reserve"] else None,
+        "support_vector_decrements": len(by_kind["support"]),
         "solvers_per_deletion": len(per_solver),
         "refit_one_solver_ms": refit_s * 1e3,
         "refit_over_decrement": refit_s / med if med > 0 else None,
@@ -199,6 +207,10 @@ def run_bench(context: int = 512, new_tokens: int = 64, trials: int = 10, hidden
     return payload
 
 
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f} ms"
+
+
 def run(args: argparse.Namespace) -> int:
     from sv_attention.results import write_result
 
@@ -211,7 +223,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"deletion: skipped ({d['skipped']})")
     else:
         print(f"deletion ({d['admitted_keys']} admitted keys/solver, {d['deletions']} deletions): median "
-              f"{d['median_solver_decrement_ms']:.3f} ms per solver, {d['median_forget_call_ms']:.2f} ms per forget "
+              f"{d['median_solver_decrement_ms']:.3f} ms per solver (support vectors: "
+              f"{_ms(d['median_support_vector_decrement_ms'])}, reserve: {_ms(d['median_reserve_decrement_ms'])}), "
+              f"{d['median_forget_call_ms']:.2f} ms per forget "
               f"call ({d['solvers_per_deletion']} solvers); one-solver refit {d['refit_one_solver_ms']:.2f} ms "
               f"({d['refit_over_decrement']:.0f}x); max KKT residual {d['max_kkt_residual']:.1e}")
     print(f"{'stream':<38} {'mem before':>11} {'after':>9} {'ratio':>6} {'reserve':>8} {'realised':>9} {'us/token':>9}")

@@ -309,3 +309,25 @@ def test_crop_returns_to_a_shorter_prefix(model: LlamaForCausalLM) -> None:
     assert cache.get_seq_length() == short.get_seq_length() == ids.shape[1] - 6
     tok = ids[:, -6:-5]
     assert float((_step(model, cache, tok) - _step(model, short, tok)).abs().max()) <= 1e-5
+
+
+def test_eviction_keeps_logits_on_the_sv_lm_architecture() -> None:
+    """The project's own remote-code LM (randomly initialised here) with the sv_attention function."""
+    from configuration_sv import SVConfig
+    from modeling_sv import SVForCausalLM
+
+    torch.manual_seed(10)
+    cfg = SVConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                   max_position_embeddings=128)
+    m = SVForCausalLM(cfg).eval()
+    sv_attention.enable(m, "sv_attention", nu=0.3, chunk=CHUNK)
+    ids = torch.randint(0, 64, (1, 30))
+    ref, _ = _prefill(m, ids)
+    ev, _ = _prefill(m, ids)
+    rep = ev.evict()
+    assert rep.certified and ev.memory_bytes() < ref.memory_bytes()
+    worst = 0.0
+    for _ in range(CHUNK + 2):
+        tok = torch.randint(0, 64, (1, 1))
+        worst = max(worst, float((_step(m, ref, tok) - _step(m, ev, tok)).abs().max()))
+    assert worst <= 1e-5
