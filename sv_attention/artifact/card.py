@@ -113,12 +113,39 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _published_rows(results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], set[str]]:
+    """Published-vs-ours rows (:mod:`sv_attention.experiments.summary`) and the files that gave rows."""
+    try:
+        from sv_attention.experiments.summary import rows_for
+    except ImportError:  # pragma: no cover - the experiments layer is optional for the card
+        return [], set()
+    rows: list[dict[str, Any]] = []
+    used: set[str] = set()
+    for res in results:
+        if "_error" in res:
+            continue
+        got = rows_for(str(res.get("name", res["_file"])), res)
+        if got:
+            rows += got
+            used.add(res["_file"])
+    return rows, used
+
+
 def render_results(results: list[dict[str, Any]]) -> str:
-    """Markdown tables: one per result file, the producing command beside every number."""
+    """Markdown: the published-vs-this-implementation table (files with ``table`` / ``published``), then
+    one table per other result file; the producing command sits beside every number."""
     if not results:
         return "_No results/*.json were present when this card was rendered._\n"
     parts = []
+    rows, used = _published_rows(results)
+    if rows:
+        from sv_attention.experiments.summary import render_markdown
+
+        parts.append("### Published vs this implementation\n")
+        parts.append(render_markdown(rows))
     for res in results:
+        if res.get("_file") in used:
+            continue
         name = res.get("name", res.get("_file", "?"))
         parts.append(f"### {name}\n")
         if "_error" in res:

@@ -52,6 +52,16 @@ def test_results_rendered_with_command_beside_each_number(tmp_path, exported):
     assert "| speedup | 2.5 | `sv-attention bench demo --n 64` |" in card.text
 
 
+def test_published_rows_come_first(tmp_path):
+    write_result("secret", {"table": [{"metric": "recovered", "published": 0.0, "ours": 0.0}]},
+                 path=tmp_path / "secret.json", command="sv-attention reproduce secret")
+    write_result("zz_bench", {"ratio": 3.25}, path=tmp_path / "zz_bench.json", command="sv-attention bench zz")
+    md = render_results(load_results(tmp_path))
+    assert md.index("Published vs this implementation") < md.index("### zz_bench")
+    assert "`sv-attention reproduce secret`" in md and "| ratio | 3.25 | `sv-attention bench zz` |" in md
+    assert "### secret" not in md  # not repeated as a raw table
+
+
 def test_limits_are_operator_specific(exported):
     manifest = _manifest(exported)
     for op, words in (("sv", "no deletion certificate"), ("sv", "deleted by masking"),

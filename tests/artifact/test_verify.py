@@ -115,3 +115,26 @@ def test_forward_fingerprint_detects_changed_behaviour(artifact_copy):
     report = verify_artifact(artifact_copy)
     assert any(p.startswith("forward pass mismatch") for p in report.problems), report.problems
     assert torch.isfinite(torch.tensor(report.checks["forward"]["logits_sum"]))
+
+
+def test_sv_export_runs_the_certificate_self_check(tmp_path):
+    import torch
+
+    from configuration_sv import SVConfig
+    from modeling_sv import SVForCausalLM
+    from sv_attention.artifact.export import export_artifact
+
+    torch.manual_seed(0)
+    model = SVForCausalLM(SVConfig(operator="sv", operator_config={"chunk": 8, "nu": 0.5, "n0": 8},
+                                   hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   max_position_embeddings=32)).eval()
+    out = tmp_path / "sv"
+    manifest = export_artifact(model, out, results_dir=None)
+    assert manifest["parameters"]["excluding_tied_head"] == manifest["parameters"]["total"] - 256 * 32
+    report = verify_artifact(out)
+    assert report.ok, report.problems
+    cert = report.checks["certificate"]
+    assert cert["applicable"] and cert["certified"] and cert["n"] == 32
+    assert cert["kkt_max"] <= 1e-8 and cert["C"] == 0.25
+    text = (out / "README.md").read_text()
+    assert "no deletion certificate" in text[text.index("## Limits"):text.index("## Usage")]
