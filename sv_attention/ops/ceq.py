@@ -418,7 +418,10 @@ def hops_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bm: torch.Te
     dv = v.shape[-1]
     off = kv_len - q_len
     K = params.hops
-    bufs = [q.new_zeros(b, h, kv_len, dv) for _ in range(K)]
+    # every query row is written below; only the history rows need filling (zeros for y_K, never read)
+    bufs = [q.new_empty(b, h, kv_len, dv) for _ in range(K)]
+    if off > 0:
+        bufs[K - 1][:, :, :off] = 0
     if off > 0:
         if K > 1 and (history is None or len(history) != K - 1):
             raise InvalidInputError(f"decoding {q_len} queries after {off} positions needs the hop history "
@@ -475,7 +478,7 @@ class CeqHopsFunction(torch.autograd.Function):
         g = g.contiguous()
         dcoef = torch.stack([(g * bufs[i][:, :, off:]).sum() for i in range(K)]).to(coef.dtype)
         acc = [torch.zeros_like(v)] + [q.new_zeros(b, h, kv_len, dv_dim) for _ in range(1, K)]
-        dq = torch.zeros_like(q)
+        dq = torch.empty_like(q)  # every row block writes its rows
         dk = torch.zeros_like(k)
         for r0, r1 in reversed(_chunks(q_len, chunk)):
             e = off + r1
