@@ -257,6 +257,7 @@ class CertifiedCache(Cache):
                     "use the model's own cache for sliding-window / hybrid models")
         self.offload_device = None if offload is None else torch.device(offload)
         self.restore_events: list[RestoreEvent] = []
+        self._config = text_cfg
         super().__init__(layers=[CertifiedLayer(i) for i in range(num_layers)])
 
     # ------------------------------------------------------------------ hyperparameters
@@ -292,10 +293,29 @@ class CertifiedCache(Cache):
         layer.update(key_states, value_states)
         q = key_states.shape[-2]
         weights = self._gate(layer, p0, q)
-        qpos = torch.arange(p0, p0 + q, dtype=torch.long, device=layer.positions.device)
-        set_pending_gate(GateHandoff(layer_idx=layer_idx, weights=weights, key_positions=layer.positions,
-                                     query_positions=qpos))
+        if self._gate_consumed():
+            qpos = torch.arange(p0, p0 + q, dtype=torch.long, device=layer.positions.device)
+            set_pending_gate(GateHandoff(layer_idx=layer_idx, weights=weights, key_positions=layer.positions,
+                                         query_positions=qpos))
         return layer.keys, layer.values
+
+    def _gate_consumed(self) -> bool:
+        """True when the model runs the ``"sv_attention"`` function, which consumes the deposited gate
+        (read live from the config, so ``set_attn_implementation`` after building the cache counts).
+        Without a config (``num_layers=``) the caller is assumed to consume it."""
+        if self._config is None:
+            return True
+        return getattr(self._config, "_attn_implementation", None) == SV_NAME
+
+    def _check_certifiable(self) -> None:
+        if not self.settings.gate:
+            raise UnsupportedFeatureError("the SV gate is disabled (gate=False): reserve tokens are not inert "
+                                          "then, so no eviction can be certified; enable the gate")
+        if not self._gate_consumed():
+            impl = getattr(self._config, "_attn_implementation", None)
+            raise UnsupportedFeatureError(
+                f"the model runs attention {impl!r}, which ignores the SV gate, so evicting reserve tokens would "
+                "change its outputs; call sv_attention.enable(model, 'sv_attention') first")
 
     def crop(self, max_length: int) -> None:
         """Keep the first positions only: ``max_length < 0`` removes that many trailing positions (the
@@ -430,7 +450,11 @@ class CertifiedCache(Cache):
         InvalidInputError
             ``budget`` is not an integer, or is below the warm-up threshold ``ceil(1/C) + 2`` (no
             certificate can exist for fewer keys). The cache is unchanged.
+        UnsupportedFeatureError
+            The model does not run the ``"sv_attention"`` function (or the gate is disabled): the gate
+            would not be applied, so no eviction is certified. The cache is unchanged.
         """
+        self._check_certifiable()
         if budget is not None:
             if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
                 raise InvalidInputError(f"budget must be an integer or None, got {budget!r}")

@@ -331,3 +331,21 @@ def test_eviction_keeps_logits_on_the_sv_lm_architecture() -> None:
         tok = torch.randint(0, 64, (1, 1))
         worst = max(worst, float((_step(m, ref, tok) - _step(m, ev, tok)).abs().max()))
     assert worst <= 1e-5
+
+
+def test_eviction_is_refused_when_the_model_ignores_the_gate(model: LlamaForCausalLM) -> None:
+    torch.manual_seed(11)
+    cache, _ = _prefill(model, torch.randint(0, 64, (1, 20)))
+    model.set_attn_implementation("sdpa")
+    try:
+        snap = _state(cache)
+        with pytest.raises(UnsupportedFeatureError, match="ignores the SV gate"):
+            cache.evict()
+        _assert_same_state(snap, _state(cache))
+        _step(model, cache, torch.randint(0, 64, (1, 1)))
+        assert pop_pending_gate(0) is None  # no stale gate is left for another model
+    finally:
+        model.set_attn_implementation("sv_attention")
+    off = CertifiedCache(model.config, gate=False)
+    with pytest.raises(UnsupportedFeatureError, match="gate=False"):
+        off.evict()
