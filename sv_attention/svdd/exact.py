@@ -44,6 +44,7 @@ from sv_attention.errors import (
     InfeasibleBoxError,
     InvalidHyperparameterError,
     InvalidInputError,
+    SolverError,
     UnknownIdError,
     WarmupError,
 )
@@ -824,22 +825,43 @@ class IncrementalSVDD(ReadAPI):
         self._rho = rho
         self._S = [int(i) for i in np.flatnonzero(status == MARGIN)]
         if not self._refactor(None):
-            self._rebuild_margin_greedy()
+            try:
+                self._rebuild_margin_greedy()
+            except _WalkFailed as exc:
+                raise SolverError(f"from-scratch solve: {exc}; the keys are degenerate beyond what the exact "
+                                  "solver handles (merge duplicate keys before admitting them)") from exc
         self._solved = True
-        self._finalize()
+        res = self._finalize()
+        if res.max > FALLBACK_TOL:
+            warnings.warn(f"IncrementalSVDD: the from-scratch solve ended with KKT residual {res.max:.3e} "
+                          "(degenerate keys); see certificate()", RuntimeWarning, stacklevel=4)
 
     def _rebuild_margin_greedy(self) -> None:
-        """Build S key by key, moving the mass of a degenerate (duplicate) margin key to its nearest
-        accepted margin key (same feature-space centre for exact duplicates)."""
-        S = list(self._S)
+        """Build S key by key when the from-scratch margin block is singular (duplicate keys).
+
+        A key refused as a (near-)duplicate of an accepted margin key j pools its mass with j: if the
+        pooled mass fits in the box, j carries it and the key becomes reserve; otherwise j moves to the
+        error set at C and the key carries the rest (exact duplicates share one feature-space point, so the
+        centre and the decision function are unchanged).
+        """
+        S = sorted(self._S, key=lambda k: -self._alpha[k])
         self._S, self._R = [], None
+        C = self.C
         for k in S:
-            if not self._expand(k):
-                acc = np.array(self._S, dtype=np.int64)
-                j = int(acc[np.argmax(self._K[k, acc])])
-                self._alpha[j] += self._alpha[k]
-                self._alpha[k] = 0.0
+            if self._expand(k):
+                continue
+            acc = np.array(self._S, dtype=np.int64)
+            j = int(acc[np.argmax(self._K[k, acc])])
+            mass = self._alpha[j] + self._alpha[k]
+            if mass <= C:
+                self._alpha[j], self._alpha[k] = mass, 0.0
                 self._status[k] = RESERVE
+                continue
+            self._contract(j)
+            self._alpha[j], self._status[j] = C, ERROR
+            self._alpha[k] = mass - C
+            if not self._expand(k):
+                raise _WalkFailed("degenerate margin set could not be rebuilt")
         self._refactor("refactor_rebuild")
 
     def _walk_guarded(self, action: Any, on_fail: Any) -> bool:
