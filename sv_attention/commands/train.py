@@ -87,6 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--save-every", type=int, default=None)
     r.add_argument("--cpu", action="store_true", help="stay on the CPU even when an accelerator is present")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--parallel", action="store_true",
+                   help="with --operators: train the twins at once, one subprocess each (OMP_NUM_THREADS=1 "
+                        "unless set)")
     r.add_argument("--json", default=None,
                    help="also write the summary through sv_attention.results (default for --operators: "
                         "results/train_twins.json)")
@@ -145,12 +148,20 @@ def run(args: argparse.Namespace) -> int:
     from sv_attention.errors import SVAttentionError
     from sv_attention.results import write_result
     from sv_attention.train.loop import train
-    from sv_attention.train.twins import interleaved_throughput, train_twins, twins_summary
+    from sv_attention.train.twins import (
+        interleaved_throughput,
+        train_twins,
+        train_twins_parallel,
+        twins_summary,
+    )
 
     try:
         cfg = config_from_args(args)
         if args.operators and len(args.operators) > 1:
-            results = train_twins(cfg, list(args.operators), progress=not args.no_progress, resume=args.resume)
+            if args.parallel:
+                results = train_twins_parallel(cfg, list(args.operators), resume=args.resume)
+            else:
+                results = train_twins(cfg, list(args.operators), progress=not args.no_progress, resume=args.resume)
             if not _is_main():
                 return 0
             _print_table([(op, r.val_bpb, r.train_loss, r.tokens_per_s, r.checkpoint) for op, r in results.items()])

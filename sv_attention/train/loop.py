@@ -77,6 +77,17 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_run_dir(cls, run_dir: str | Path) -> TrainResult:
+        """Rebuild the result of a finished run from its ``run.json`` and ``log.jsonl``."""
+        run_dir = Path(run_dir)
+        if not (run_dir / "run.json").is_file():
+            raise InvalidInputError(f"{run_dir} holds no run.json: the run did not finish (resume it with --resume).")
+        s = json.loads((run_dir / "run.json").read_text())
+        history = _read_log(run_dir / "log.jsonl", int(s["steps"]))
+        return cls(run_dir=run_dir, checkpoint=Path(s["checkpoint"]), step=int(s["steps"]), val_bpb=float(s["val_bpb"]),
+                   train_loss=float(s["train_loss"]), tokens_per_s=float(s["tokens_per_s"]), history=history, summary=s)
+
 
 def sample_batch(train: torch.Tensor, step: int, batch_size: int, block_size: int, seed: int) -> torch.Tensor:
     """The global batch of step ``step``: ``[batch_size, block_size + 1]`` int64 windows of ``train``.

@@ -75,6 +75,51 @@ def interleaved_throughput(results: dict[str, TrainResult], repeats: int = 5) ->
     return measure_throughput(models, batch, repeats=repeats)
 
 
+def train_twins_parallel(base: TrainConfig, operators: list[str], resume: bool = False,
+                         env: dict[str, str] | None = None) -> dict[str, TrainResult]:
+    """Like :func:`train_twins`, with one ``sv-attention train`` subprocess per operator running at once.
+
+    Each subprocess gets ``OMP_NUM_THREADS=1`` unless ``env`` (or the caller's environment) sets it, so
+    ``n`` operators use ``n`` cores without oversubscription. Output of each goes to
+    ``run_dir/OP/train.out``.
+
+    Raises
+    ------
+    TrainingDivergedError
+        When a subprocess fails (its exit code and output file are named).
+    """
+    import os
+    import subprocess
+    import sys
+
+    from sv_attention.errors import TrainingDivergedError
+
+    if len(set(operators)) != len(operators) or not operators:
+        raise ConfigError(f"operators must be a non-empty list without repeats, got {operators}")
+    full_env = {**os.environ, **(env or {})}
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    procs = []
+    for op in operators:
+        cfg = twin_config(base, op, Path(base.run_dir) / op)
+        Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+        cfg_path = Path(cfg.run_dir) / "twin_config.json"
+        cfg.save(cfg_path)
+        cmd = [sys.executable, "-m", "sv_attention.cli", "train", "--config", str(cfg_path), "--no-progress"]
+        if resume:
+            cmd.append("--resume")
+        out = open(Path(cfg.run_dir) / "train.out", "w")  # noqa: SIM115 - closed below
+        procs.append((op, subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env), out))
+    failed = []
+    for op, proc, out in procs:
+        rc = proc.wait()
+        out.close()
+        if rc != 0:
+            failed.append(f"{op} (exit {rc}, see {Path(base.run_dir) / op / 'train.out'})")
+    if failed:
+        raise TrainingDivergedError(f"twin training failed for {', '.join(failed)}")
+    return {op: TrainResult.from_run_dir(Path(base.run_dir) / op) for op in operators}
+
+
 def twins_summary(results: dict[str, TrainResult], interleaved: dict[str, float] | None = None) -> dict[str, Any]:
     """The JSON payload of a twins comparison (validation bpb, throughput, ratios, the corpus said plainly).
 

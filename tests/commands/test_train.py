@@ -41,7 +41,7 @@ def test_single_run_writes_summary(tmp_path, capsys):
 
 def test_twins_write_comparison(tmp_path):
     out = tmp_path / "tw.json"
-    rc = main(["train", *TINY, "--operators", "softmax", "swa", "--run-dir", str(tmp_path / "tw"), "--json", str(out)])
+    rc = main(["train", *TINY, "--operators", "softmax", "swa", "--parallel", "--run-dir", str(tmp_path / "tw"), "--json", str(out)])
     assert rc == 0
     data = json.loads(out.read_text())
     assert set(data["val_bpb"]) == {"softmax", "swa"}
