@@ -15,7 +15,9 @@ Operators and their knobs (defaults in brackets):
 ``swa``            ``window`` [64]: each query reads its last ``window`` positions (itself included)
 ``sv``             ``chunk`` [64] (queries in [s, s+chunk) read the gate fitted on positions < s; the
                    current chunk is the dense local window), ``nu`` [0.5], ``n0`` [64]
-                   (C := 1/(nu*n0), fixed), ``sigma`` [None = median key distance of the first chunk]
+                   (C := 1/(nu*n0), fixed), ``sigma`` [None = median key distance of the first chunk],
+                   ``solver`` ["batched"; "exact" = fp64 maintained solvers, no gradient],
+                   ``detach_gate`` [True, as published], ``gate_floor`` [0.0]
 ``ceq``            ``gate`` ["sgate"], ``rho`` [1.5 sgate / 0.9 signed], ``lam`` [0.10, sgate only],
                    ``hops`` [2 sgate / 3 signed]; learnable per-layer alpha initialised 0
 ``ceq_path_sum``   same knobs as ``ceq``; (I + A + ... + A^hops) v with no softmax underneath
@@ -74,6 +76,12 @@ def _choice(*options: str):
     return check
 
 
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidHyperparameterError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
 _INF = float("inf")
 _CEQ_KNOBS = {
     "gate": _choice("sgate", "signed"),
@@ -90,6 +98,9 @@ OPERATOR_KNOBS: dict[str, dict[str, Any]] = {
         "nu": _float_in(0.0, 1.0),
         "n0": _int_at_least(1),
         "sigma": _float_in(0.0, _INF, hi_open=True, allow_none=True),
+        "solver": _choice("batched", "exact"),
+        "detach_gate": _bool,
+        "gate_floor": _float_in(0.0, 1.0, lo_open=False),
     },
     "ceq": dict(_CEQ_KNOBS),
     "ceq_path_sum": dict(_CEQ_KNOBS),
@@ -107,7 +118,8 @@ def operator_defaults(operator: str, given: dict[str, Any] | None = None) -> dic
     if operator == "swa":
         return {"window": 64}
     if operator == "sv":
-        return {"chunk": 64, "nu": 0.5, "n0": 64, "sigma": None}
+        return {"chunk": 64, "nu": 0.5, "n0": 64, "sigma": None, "solver": "batched", "detach_gate": True,
+                "gate_floor": 0.0}
     if operator in ("ceq", "ceq_path_sum"):
         if given.get("gate", "sgate") == "signed":
             return {"gate": "signed", "rho": 0.9, "hops": 3}

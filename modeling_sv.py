@@ -73,7 +73,12 @@ class SVLMCache(DynamicCache):
         self.operator_state: dict[int, dict[str, Any]] = {}
 
     def _map_state(self, fn: Callable[[torch.Tensor], torch.Tensor], method: str, arg: Any) -> None:
-        """Apply a batch operation to every piece of operator state (tensors, lists, state objects)."""
+        """Apply a batch operation to every piece of operator state.
+
+        Tensors / lists of tensors are mapped with ``fn``; state objects with the method (``HopCache``)
+        apply it; state objects without it but with ``reset`` (``GateCache``, whose fingerprint cannot
+        see a batch permutation) are reset and recompute from the cached keys on the next call.
+        """
         for state in self.operator_state.values():
             for key, value in list(state.items()):
                 if isinstance(value, torch.Tensor):
@@ -82,6 +87,8 @@ class SVLMCache(DynamicCache):
                     state[key] = [fn(v) if isinstance(v, torch.Tensor) else v for v in value]
                 elif hasattr(value, method):
                     getattr(value, method)(arg)
+                elif hasattr(value, "reset"):
+                    value.reset()
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:  # noqa: D102 - transformers API
         super().reorder_cache(beam_idx)
@@ -98,14 +105,15 @@ class SVLMCache(DynamicCache):
     def crop(self, max_length: int) -> None:  # noqa: D102
         for state in self.operator_state.values():
             for value in state.values():
-                if not hasattr(value, "crop"):
+                if not (hasattr(value, "crop") or hasattr(value, "reset")):
                     raise UnsupportedFeatureError(
-                        "SVLMCache.crop: this operator's state cannot be cropped; re-run the prefix instead"
+                        "SVLMCache.crop: this operator's state (e.g. smprime's query history) cannot be "
+                        "cropped; re-run the prefix instead"
                     )
         super().crop(max_length)
         for state in self.operator_state.values():
             for value in state.values():
-                value.crop(max_length)
+                value.crop(max_length) if hasattr(value, "crop") else value.reset()
 
     def reset(self) -> None:  # noqa: D102
         super().reset()
@@ -275,50 +283,36 @@ def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
                 mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
                 operator_state: dict[str, Any] | None = None, output_attentions: bool = False,
                 **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The causal hybrid SV layer (DESIGN §2.5): chunk-frozen SVDD gate on the prefix, dense local chunk.
+    """The causal hybrid SV layer (DESIGN §2.5) through :func:`sv_attention.ops.causal.sv_hybrid_attention`.
 
-    Queries in chunk ``[s, s + chunk)`` read the gate fitted (batched solver, differentiable alpha) on
-    the keys at positions ``< s``: softmax weights times ``alpha_j`` on that prefix, times 1 on the
-    current chunk, one softmax over ``[0, t]`` renormalised (the gate enters as a ``log alpha`` bias).
-    Chunk 0 and boundaries below the warm-up size are plain causal softmax. The gate comes from
-    :func:`sv_attention.hf.sv_gate.causal_gate_bias`; with a cache its per-boundary gates are kept in
-    ``operator_state["gate"]`` (fitted once per boundary, checked against a key fingerprint), so cached
-    decoding equals the recomputation.
+    Queries in chunk ``[s, s + chunk)`` read the gate fitted on the keys at positions ``< s``: softmax
+    weights times ``alpha_j`` on that prefix, times 1 on the current chunk, one softmax over ``[0, t]``
+    renormalised. Chunk 0 and boundaries below the warm-up size ``ceil(1/C) + 2`` are plain causal softmax.
+    With a cache, the layer's :class:`sv_attention.ops.causal.GateCache` (``operator_state["gate"]``)
+    memoises the per-boundary gates (checked against a key fingerprint), so decoding fits each boundary
+    once and equals the recomputation.
 
-    The gate is **detached**, as in the published layer: gradients reach q, k, v through the softmax
-    logits and values, not through alpha (the batched solve's alpha is an approximation whose reserve
-    entries are exactly 0, where ``d log alpha`` is undefined). Its coefficients carry no deletion
-    certificate; only the exact solver's do.
+    ``detach_gate=True`` (default, as published): gradients reach q, k, v through the softmax logits and
+    values, not through alpha; False differentiates through the ridged bordered solve. The batched
+    solver's coefficients carry no deletion certificate; only the exact solver's do. Chunk boundaries
+    follow key columns, so a left-padded row is gated at column boundaries (pad columns are left out of
+    the SVDD problems).
     """
-    from sv_attention.hf.sv_gate import causal_gate_bias
+    from sv_attention.ops.causal import GateCache, sv_hybrid_attention
 
     knobs = module.config.operator_config
-    C, warmup = sv_box(knobs)
-    b, h, q_len, _ = query.shape
-    kv_len = key.shape[-2]
-    if mask is None:
-        mask = (torch.arange(kv_len, device=query.device)[None, :]
-                <= torch.arange(kv_len - q_len, kv_len, device=query.device)[:, None])[None, None]
-    visible = mask[:, 0].expand(b, q_len, kv_len)
-    keep = operator_state is not None and not module.training
-    state = operator_state.get("gate") if keep else None
-    with torch.no_grad():  # the gate is detached (as published): no gradient through alpha
-        bias, new_state = causal_gate_bias(key.detach(), visible, C=C, warmup=warmup, chunk=knobs["chunk"],
-                                           sigma=knobs["sigma"], state=state, keep_state=keep)
-    if keep:
-        operator_state["gate"] = new_state
-    dtype = torch.promote_types(query.dtype, torch.float32)
-    scores = torch.matmul(query.to(dtype), key.to(dtype).transpose(-1, -2)) * scaling
-    if bias is not None:
-        scores = scores + bias.to(dtype)
-    vis = visible[:, None]
-    scores = scores.masked_fill(~vis, float("-inf"))
-    has = vis.any(-1, keepdim=True)
-    scores = torch.where(has, scores, torch.zeros_like(scores))  # rows with no key: no NaN
-    weights = torch.softmax(scores, dim=-1) * has.to(dtype)
-    out = torch.matmul(_dropout(weights, dropout, module.training), value.to(dtype))
-    return (out.to(query.dtype).transpose(1, 2).contiguous(),
-            weights.to(query.dtype) if output_attentions else None)
+    C, _ = sv_box(knobs)
+    gate = None
+    if operator_state is not None:
+        gate = operator_state.get("gate")
+        if gate is None:
+            gate = operator_state["gate"] = GateCache()
+    out, weights = sv_hybrid_attention(
+        query, key, value, C=C, sigma=knobs["sigma"], chunk=knobs["chunk"], mask=mask, scaling=scaling,
+        causal=True, solver=knobs["solver"], gate_floor=knobs["gate_floor"], detach_gate=knobs["detach_gate"],
+        gate_cache=gate, return_weights=output_attentions,
+    )
+    return out.transpose(1, 2).contiguous(), weights
 
 
 OPERATOR_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
