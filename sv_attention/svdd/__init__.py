@@ -10,7 +10,8 @@ from typing import Any
 
 _LAZY = {
     "IncrementalSVDD": "sv_attention.svdd.exact",
-    "refit": "sv_attention.svdd.exact",
+    "refit": "sv_attention.svdd.reference",
+    "SVDDSolution": "sv_attention.svdd.reference",
     "solve_batched": "sv_attention.svdd.batched",
     "BatchedSolution": "sv_attention.svdd.batched",
 }
