@@ -158,6 +158,36 @@ def test_cached_equals_uncached(op, knobs):
     assert torch.equal(g1, g2)
 
 
+@pytest.mark.parametrize("op, knobs", [("ceq", {}), ("sv", SV_KNOBS)])
+def test_beam_search_cached_equals_uncached(op, knobs):
+    m = tiny(op, knobs, seed=9)
+    _perturb_alpha(m)
+    x = torch.randint(0, 256, (1, 7), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=4, do_sample=False, num_beams=3, num_return_sequences=2)
+    assert torch.equal(m.generate(x, **kw), m.generate(x, use_cache=False, **kw))
+
+
+def test_sv_exact_solver_and_differentiable_gate():
+    x = torch.randint(0, 256, (1, 14), generator=torch.Generator().manual_seed(2))
+    exact = tiny("sv", {**SV_KNOBS, "solver": "exact"}, seed=10)
+    batched = tiny("sv", SV_KNOBS, seed=10)
+    with torch.no_grad():
+        a = exact(x, use_cache=False).logits
+        b = batched(x, use_cache=False).logits
+        cache = None
+        parts = []
+        for lo, hi in ((0, 9), (9, 10), (10, 14)):
+            out = exact(x[:, lo:hi], cache=cache, use_cache=True)
+            cache = getattr(out, CACHE_FIELD)
+            parts.append(out.logits)
+    assert (torch.cat(parts, 1) - a).abs().max() <= 1e-5
+    assert (a - b).abs().max() <= 5e-3  # exact vs batched gates on the same keys
+    m = tiny("sv", {**SV_KNOBS, "detach_gate": False}, seed=10).train()
+    out = m(x, labels=x)
+    out.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
 def test_both_cache_spellings_and_output_field():
     assert CACHE_FIELD in CausalLMOutputWithPast.__dataclass_fields__
     m = tiny("ceq_path_sum")
