@@ -148,7 +148,8 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
 
     A gate deposited by a certified cache for this layer (:mod:`sv_attention.hf.gate_handoff`) is used
     instead of computing one: its weights multiply the softmax; causality follows its key / query
-    positions when given (evicted slots make columns differ from positions); the mask's padding is kept.
+    positions when given (evicted slots make columns differ from positions); the mask's padding is kept
+    (a mask built over positions, wider than the returned slots, is read at the columns ``key_positions``).
 
     Parameters
     ----------
@@ -176,6 +177,11 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     causal = _is_causal(module, kwargs)
     layer_idx = getattr(module, "layer_idx", None)
     handoff = pop_pending_gate(layer_idx)
+    if handoff is not None and handoff.key_positions is not None and isinstance(attention_mask, torch.Tensor):
+        # a certified cache builds the mask over positions; its slots are the columns at key_positions
+        kp = handoff.key_positions.to(attention_mask.device, torch.long)
+        if attention_mask.shape[-1] != kv_len and attention_mask.shape[-1] > int(kp.max()):
+            attention_mask = attention_mask.index_select(-1, kp)
     visible = visible_mask(attention_mask, b, q_len, kv_len, causal, query.device)
     bias = None
     keep_state = bool(kwargs.get("use_cache", True)) and not module.training

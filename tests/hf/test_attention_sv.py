@@ -247,3 +247,15 @@ def test_encoder_gate_is_finite_and_changes_output():
     soft = plain(q, k, v, mask[:, 0]).transpose(1, 2)
     assert torch.isfinite(out).all()
     assert not torch.allclose(out, soft, atol=1e-4)
+
+
+def test_handoff_mask_over_positions_is_read_at_key_positions():
+    clear_pending_gates()
+    q, k, v = qkv(b=1, q=1, kv=4, d=4, seed=8)
+    kp = torch.tensor([0, 2, 5, 6])  # positions 1, 3, 4 were evicted
+    mask = torch.ones(1, 1, 1, 7, dtype=torch.bool)
+    mask[..., 2] = False  # position 2 is padding
+    set_pending_gate(GateHandoff(layer_idx=0, weights=torch.ones(1, 2, 1, 4), key_positions=kp,
+                                 query_positions=torch.tensor([6])))
+    _, w = sv_attention_forward(Mod(), q, k, v, mask, output_attentions=True)
+    assert (w[0, :, 0, 1] == 0).all() and (w[0, :, 0, [0, 2, 3]] > 0).all()
