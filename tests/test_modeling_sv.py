@@ -273,6 +273,23 @@ def test_set_attn_implementation_swaps_the_function():
     assert torch.equal(ref, got)
 
 
+def test_plugin_implementations_switch_in_and_out():
+    from sv_attention.hf.enable import enable
+
+    m = tiny()
+    x = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = m(x, use_cache=False).logits
+        enable(m, "sv_attention", chunk=8)
+        assert m.config._attn_implementation == "sv_attention"
+        gated = m(x, use_cache=False).logits
+        enable(m, "eager")
+        back = m(x, use_cache=False).logits
+    torch.testing.assert_close(gated[:, :8], ref[:, :8], rtol=1e-5, atol=1e-5)  # chunk 0 is softmax
+    assert (gated[:, 16:] - ref[:, 16:]).abs().max() > 1e-4
+    assert torch.equal(back, ref)
+
+
 def test_output_attentions_softmax_rows_sum_to_one():
     m = tiny()
     with torch.no_grad():
