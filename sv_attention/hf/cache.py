@@ -43,7 +43,9 @@ position without the deleted tokens (needs ``model`` and ``input_ids``): the cac
 that never saw them.
 
 Known limits: batch rows with left padding admit their pad keys into the solvers (the cache does not
-see the padding mask); sliding-window layers are refused; beam search (cache reordering) is refused.
+see the padding mask; eviction stays exact, but the padded rows' gate differs from the padding-aware gate
+the attention function fits without this cache); sliding-window layers are refused; beam search (cache
+reordering) is refused.
 """
 
 from __future__ import annotations

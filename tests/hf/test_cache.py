@@ -349,3 +349,24 @@ def test_eviction_is_refused_when_the_model_ignores_the_gate(model: LlamaForCaus
     off = CertifiedCache(model.config, gate=False)
     with pytest.raises(UnsupportedFeatureError, match="gate=False"):
         off.evict()
+
+
+def test_eviction_keeps_logits_with_a_left_padded_batch(model: LlamaForCausalLM) -> None:
+    """Two rows, the second left-padded: the mask (over positions) is read at the surviving slots."""
+    torch.manual_seed(12)
+    ids = torch.randint(0, 64, (2, 26))
+    mask = torch.ones(2, 26, dtype=torch.long)
+    mask[1, :5] = 0
+    ref, ev = CertifiedCache(model.config), CertifiedCache(model.config)
+    with torch.no_grad():
+        model(ids, attention_mask=mask, cache=ref, use_cache=True)
+        model(ids, attention_mask=mask, cache=ev, use_cache=True)
+    rep = ev.evict()
+    assert rep.n_evicted > 0 and len(rep.layers[0].reserve_fraction) == 2  # [batch][kv-head]
+    worst = 0.0
+    for _ in range(CHUNK):
+        tok = torch.randint(0, 64, (2, 1))
+        mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+        worst = max(worst, float((_step(model, ref, tok, attention_mask=mask)
+                                  - _step(model, ev, tok, attention_mask=mask)).abs().max()))
+    assert worst <= 1e-5
