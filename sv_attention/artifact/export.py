@@ -99,6 +99,28 @@ def model_summary(config: Any) -> dict[str, Any]:
     return {k: getattr(config, k) for k in keys}
 
 
+def as_repository_model(model: torch.nn.Module, cfg_cls: type, model_cls: type) -> torch.nn.Module:
+    """Rebuild an sv_lm model loaded from elsewhere (e.g. ``trust_remote_code``) with the repository's
+    classes, so the artifact always ships the repository's code files.
+
+    Raises
+    ------
+    InvalidInputError
+        The model is not an sv_lm causal LM, or its weights do not fit the repository's classes.
+    """
+    config = getattr(model, "config", None)
+    if type(model).__name__ != "SVForCausalLM" or getattr(config, "model_type", None) != "sv_lm":
+        raise InvalidInputError(f"expected an sv_lm SVForCausalLM, got {type(model).__name__}")
+    rebuilt = model_cls(cfg_cls.from_dict(config.to_dict())).eval()
+    result = rebuilt.load_state_dict(model.state_dict(), strict=False)
+    missing = [k for k in result.missing_keys if k != "lm_head.weight"]
+    if missing or result.unexpected_keys:
+        raise InvalidInputError(f"the model's weights do not fit modeling_sv.py: missing {missing}, "
+                                f"unexpected {result.unexpected_keys}")
+    rebuilt.tie_weights()
+    return rebuilt
+
+
 def write_folder(model: torch.nn.Module, out: Path, *, command: str, training: dict[str, Any] | None,
                  results_dir: str | Path | None, license: str, datasets: list[str] | None,
                  repo_id: str | None) -> dict[str, Any]:
@@ -107,7 +129,7 @@ def write_folder(model: torch.nn.Module, out: Path, *, command: str, training: d
 
     cfg_cls, model_cls, tok_cls = model_classes()
     if type(model) is not model_cls:
-        raise InvalidInputError(f"expected an SVForCausalLM from modeling_sv.py, got {type(model).__name__}")
+        model = as_repository_model(model, cfg_cls, model_cls)
     cfg_cls.register_for_auto_class()
     model_cls.register_for_auto_class("AutoModelForCausalLM")
     tok_cls.register_for_auto_class("AutoTokenizer")

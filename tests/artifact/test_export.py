@@ -64,6 +64,15 @@ def test_tokenizer_and_pipeline_offline(exported):
     assert text == tok.decode(ref)
 
 
+def test_re_export_of_a_remote_code_model(exported, tmp_path):
+    model, out = exported
+    loaded = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, local_files_only=True)
+    manifest = export_artifact(loaded, tmp_path / "again", results_dir=None)
+    first = json.loads((out / "MANIFEST.json").read_text())
+    assert manifest["tensors"] == first["tensors"]  # same weights, byte for byte
+    assert manifest["files"]["modeling_sv.py"] == first["files"]["modeling_sv.py"]
+
+
 def test_refuses_non_empty_target(tmp_path):
     (tmp_path / "keep.txt").write_text("x")
     with pytest.raises(ArtifactError, match="not empty"):
