@@ -53,7 +53,7 @@ class QuickstartOptions:
     """
 
     run_dir: str = "runs/quickstart"
-    steps: int = 200
+    steps: int = 400
     batch_size: int = 16
     hidden_size: int = 128
     num_layers: int = 2

@@ -6,7 +6,7 @@ import pytest
 
 from sv_attention.train.quickstart import QuickstartOptions, run_quickstart
 
-OPERATORS = ["softmax", "swa"]
+OPERATORS = ["sv", "softmax"]
 
 
 @pytest.fixture(autouse=True)
