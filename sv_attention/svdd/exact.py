@@ -48,6 +48,7 @@ from sv_attention.errors import (
     UnknownIdError,
     WarmupError,
 )
+from sv_attention.svdd.blas import one_blas_thread
 from sv_attention.svdd.readapi import ReadAPI, as_float64_matrix
 from sv_attention.svdd.receipts import (
     ERROR,
@@ -272,6 +273,7 @@ class IncrementalSVDD(ReadAPI):
 
     readout.__doc__ = ReadAPI.readout.__doc__
 
+    @one_blas_thread
     def certificate(self) -> Certificate:
         """KKT residuals (evicted keys re-checked now), partition sizes, guard events, warm-up flag."""
         kkt = self._residuals(with_evicted=True) if self._solved else KKTResiduals()
@@ -306,6 +308,7 @@ class IncrementalSVDD(ReadAPI):
                 f"evicted={len(self._evicted)}, partition={self.partition.sizes}, warmup={self.in_warmup})")
 
     # ------------------------------------------------------------------ public mutations
+    @one_blas_thread
     def add(self, keys: Any, ids: Any | None = None) -> AdmissionReceipt:
         """Admit keys one by one (exact incremental solve).
 
@@ -338,6 +341,7 @@ class IncrementalSVDD(ReadAPI):
         return self._receipt(AdmissionReceipt, tuple(new_ids), t0, guards0, events0, fallback,
                              readmitted=readmitted)
 
+    @one_blas_thread
     def remove(self, ids: Any) -> DeletionReceipt:
         """Exact deletion (decrement) of active or evicted ids.
 
@@ -373,6 +377,7 @@ class IncrementalSVDD(ReadAPI):
         return self._receipt(DeletionReceipt, tuple(id_list), t0, guards0, events0, fallback,
                              readmitted=readmitted)
 
+    @one_blas_thread
     def evict_reserve(self, max_keep: int | None = None) -> EvictionReceipt:
         """Drop reserve keys (``alpha = 0``) from the active set; every readout is unchanged.
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from sv_attention.errors import InfeasibleBoxError, InvalidHyperparameterError, InvalidInputError
+from sv_attention.svdd.blas import one_blas_thread
 from sv_attention.svdd.readapi import ReadAPI, as_float64_matrix, sq_dists
 from sv_attention.svdd.receipts import ERROR, MARGIN, RESERVE, KKTResiduals, Partition, kkt_residuals
 
@@ -246,6 +247,7 @@ class SVDDSolution(ReadAPI):
                 f"partition={self.partition.sizes}, kkt_max={self.kkt.max:.2e})")
 
 
+@one_blas_thread
 def refit(keys: Any, C: float, sigma: float, ids: Any | None = None) -> SVDDSolution:
     """Solve the SVDD dual for ``keys`` from scratch (the "retrain without" reference).
 
