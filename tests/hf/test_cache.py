@@ -370,3 +370,39 @@ def test_eviction_keeps_logits_with_a_left_padded_batch(model: LlamaForCausalLM)
         worst = max(worst, float((_step(model, ref, tok, attention_mask=mask)
                                   - _step(model, ev, tok, attention_mask=mask)).abs().max()))
     assert worst <= 1e-5
+
+
+def test_prefill_gate_streams_the_exact_solver_through_every_boundary() -> None:
+    """One prefill call crossing 3 boundaries: each query chunk reads refit(keys before its chunk)."""
+    rng = np.random.default_rng(13)
+    b, h, n, d, c = 2, 2, 26, 3, 6
+    keys = torch.from_numpy(rng.normal(size=(b, h, n, d)))
+    cache = CertifiedCache(num_layers=1, nu=0.5, n0=c, sigma=1.5, chunk=c)  # C = 1/3, warm-up 5 keys
+    cache.update(keys, keys.clone(), 0)
+    w = pop_pending_gate(0).weights  # [b, h, n, n]
+    assert w.shape == (b, h, n, n)
+    assert torch.equal(w[:, :, :c], torch.ones(b, h, c, n))  # chunk 0 is ungated
+    for s in range(c, n, c):
+        for i in range(b):
+            for j in range(h):
+                ref = refit(keys[i, j, :s].numpy(), C=1.0 / 3.0, sigma=1.5)
+                rows = w[i, j, s:s + c]
+                np.testing.assert_allclose(rows[:, :s].numpy(), np.broadcast_to(ref.alpha, (rows.shape[0], s)),
+                                           atol=1e-9)
+                assert torch.equal(rows[:, s:], torch.ones_like(rows[:, s:]))  # local chunk read densely
+
+
+def test_forget_an_evicted_token_drops_it_from_the_offload_tier() -> None:
+    cache = _counterexample_cache("cpu")
+    cache.evict()
+    off = cache.memory_report()["offload_bytes"]
+    assert off > 0
+    with pytest.warns(UserWarning, match="falls back to warm-up"):
+        rep = cache.forget([2], verify=True)  # 2 keys left < ceil(1/C)+2 = 3
+    assert rep.paths == {2: PATH_EXACT} and rep.max_refit_deviation < 1e-10
+    assert rep.warmup_fallback_layers == (0,)
+    assert cache.memory_report()["offload_bytes"] == 0
+    assert 2 not in cache.layers[0].evicted and 2 not in cache.layers[0].bank.history
+    cache.update(*_kv([[0.3, 0.3]]), 0)  # (0, -10) admitted: nothing to revive any more
+    clear_pending_gates()
+    assert cache.restore_events == []
