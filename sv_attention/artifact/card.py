@@ -43,12 +43,24 @@ _OPERATOR_LIMITS = {
         "truncation bound rho^(K+1)/(1-rho) only exists for rho < 1 (the sgate default rho = 1.5 has none).",
     ],
     "smprime": [
-        "**beta: pinned vs exact.** A beta reported as *pinned* was held fixed during training and is a "
-        "modelling choice, not a measurement. Only the likelihood-ratio test with beta free (thresholds "
-        "3.841 and ln n, Wald cross-check) estimates it; its resolution is sqrt(3.841 / I_total) and a "
-        "beta inside that resolution is not distinguishable from the null.",
+        "**smprime.** W_ij = G_ij exp(qk q_i.k_j/sqrt(d)) / Z_i^beta with a complex path product G; beta, qk "
+        "and g are learnable per layer (initialised from the config). Decoding recomputes the new rows from "
+        "the cached queries and gates (O(s^2) per step, exact, not a recurrent state).",
     ],
 }
+
+_NON_SV_CERTIFICATE = (
+    "**No certificate for this operator.** sv-attention's certified eviction and exact deletion come from "
+    "the exact fp64 SVDD solver of the `sv` operator (and the certified cache); a `{op}` model carries "
+    "no such guarantee: deleting a token from its context is plain masking."
+)
+
+_BETA = (
+    "**beta: pinned vs exact.** Where this project reports the smprime exponent beta, a *pinned* beta "
+    "was held fixed during training (a modelling choice, not a measurement); only the likelihood-ratio "
+    "test with beta free (thresholds 3.841 and ln n, Wald cross-check from the exact second derivative) "
+    "estimates it, with resolution sqrt(3.841 / I_total)."
+)
 
 _GENERAL_LIMITS = [
     "**Small byte-level research model.** Vocabulary of 256 bytes, context of {block} bytes (longer inputs "
@@ -244,7 +256,8 @@ def render_card(manifest: dict[str, Any], *, results: list[dict[str, Any]] | Non
     repo = repo_id or "ORG/NAME"
     limits = [s.format(block=model["max_position_embeddings"], layers=model["num_hidden_layers"],
                        width=model["hidden_size"]) for s in _GENERAL_LIMITS]
-    limits = _OPERATOR_LIMITS.get(op, []) + limits
+    limits = _OPERATOR_LIMITS.get(op, []) + ([] if op == "sv" else [_NON_SV_CERTIFICATE.format(op=op)]) + [
+        _BETA] + limits
     if op == "ceq_path_sum" and model["operator_config"].get("rho", 0) < 1:
         limits[0] = limits[0].replace(" (the sgate default rho = 1.5 has none)", "")
     prov = manifest.get("provenance", {})

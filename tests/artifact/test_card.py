@@ -64,8 +64,9 @@ def test_published_rows_come_first(tmp_path):
 
 def test_limits_are_operator_specific(exported):
     manifest = _manifest(exported)
-    for op, words in (("sv", "no deletion certificate"), ("sv", "deleted by masking"),
-                      ("smprime", "pinned"), ("ceq_path_sum", "no softmax underneath")):
+    for op, words in (("sv", "no deletion certificate"), ("sv", "deleted by masking"), ("sv", "pinned"),
+                      ("smprime", "pinned"), ("ceq_path_sum", "no softmax underneath"),
+                      ("ceq", "No certificate for this operator"), ("softmax", "plain masking")):
         m = {**manifest, "model": {**manifest["model"], "operator": op}}
         text = render_card(m, results=[]).text
         limits = text[text.index("## Limits"):text.index("## Usage")]
