@@ -15,7 +15,17 @@ registers) swaps the function in place; ``"eager"`` switches back to ``config.op
 
 The attention function receives a boolean mask ``[b, 1, q, kv]`` (True = attend; causal and padding
 already applied) and the keyword arguments ``operator_state`` (a per-layer dict held by the cache, or
-None), ``query_slots`` ``[q]`` and ``key_slots`` ``[kv]`` (sequence indices of the rows / columns).
+None), ``query_slots`` ``[q]`` and ``key_slots`` ``[kv]`` (sequence indices of the rows / columns) and
+``hidden_states`` (the layer input, read by smprime's gate heads); other functions ignore them.
+
+Operators (building blocks from the installed ``sv_attention`` package)
+---------------------------------------------------------------------
+``softmax`` (``sv_attention.ops.ceq.stock_attention``, transformers' SDPA path), ``swa`` (the same with a
+window), ``sv`` (``sv_attention.ops.causal.sv_hybrid_attention`` + ``GateCache``), ``ceq`` /
+``ceq_path_sum`` (``sv_attention.ops.ceq.ceq_attention`` + ``sv_attention.ops.hop_cache.HopCache``),
+``smprime`` (``sv_attention.ops.smprime.SMPrime``). Explicit-weight references sit beside them
+(:func:`softmax_reference`) and in the package (``ceq_attention_reference``, ``sv_hybrid_reference``,
+``smprime_reference``).
 
 Caching
 -------
