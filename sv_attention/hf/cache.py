@@ -570,12 +570,20 @@ class CertifiedCache(Cache):
             A position repeated.
         UnknownIdError
             A position already forgotten.
+        UnsupportedFeatureError
+            The model does not run the ``"sv_attention"`` attention function.
         InfeasibleBoxError
             A solver would keep fewer than ``1/C`` keys (``n * C < 1``) after the deletion.
 
         Every error leaves the cache unchanged.
         """
         t0 = time.perf_counter()
+        if not self._gate_consumed():
+            impl = getattr(self._config, "_attn_implementation", None)
+            raise UnsupportedFeatureError(
+                f"the model runs attention {impl!r}, which reads key/value slots by column index; after a "
+                "deletion the cache holds fewer slots than positions, which only the 'sv_attention' function "
+                "handles (it reads the gate's key positions): call sv_attention.enable(model, 'sv_attention')")
         lst = self._check_positions(positions)
         if reencode:
             if model is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:

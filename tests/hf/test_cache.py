@@ -341,6 +341,8 @@ def test_eviction_is_refused_when_the_model_ignores_the_gate(model: LlamaForCaus
         snap = _state(cache)
         with pytest.raises(UnsupportedFeatureError, match="ignores the SV gate"):
             cache.evict()
+        with pytest.raises(UnsupportedFeatureError, match="sv_attention"):
+            cache.forget([1])
         _assert_same_state(snap, _state(cache))
         _step(model, cache, torch.randint(0, 64, (1, 1)))
         assert pop_pending_gate(0) is None  # no stale gate is left for another model
