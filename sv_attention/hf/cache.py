@@ -319,6 +319,11 @@ class CertifiedCache(Cache):
                 f"the model runs attention {impl!r}, which ignores the SV gate, so evicting reserve tokens would "
                 "change its outputs; call sv_attention.enable(model, 'sv_attention') first")
 
+    def reset(self) -> None:
+        """Drop every slot, solver, offloaded token and restore event (the settings stay)."""
+        super().reset()
+        self.restore_events = []
+
     def crop(self, max_length: int) -> None:
         """Keep the first positions only: ``max_length < 0`` removes that many trailing positions (the
         transformers 5.x convention), ``max_length >= 0`` keeps that many positions."""

@@ -111,6 +111,8 @@ def test_counterexample_revived_token_is_restored_from_offload() -> None:
     ref = refit(np.array([[-1, 0], [1, 0], [0, 0.9], [0, -10]], dtype=np.float64), C=1.0, sigma=5.0)
     np.testing.assert_allclose(gate.weights[0, 0, 0, :4].numpy(), ref.alpha, atol=1e-10)
     assert cache.certificate()["exact"]
+    cache.reset()
+    assert cache.get_seq_length() == 0 and cache.restore_events == [] and cache.memory_bytes() == 0
 
 
 def test_counterexample_without_offload_reports_lost_exactness() -> None:
