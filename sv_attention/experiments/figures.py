@@ -163,3 +163,47 @@ def _recall(p: dict[str, Any], fig: Any) -> None:
     ax.legend(fontsize=8, loc="lower right")
     fig.suptitle(f"Distinct-key associative recall ({p['parameters']['trials']} trials, "
                  f"{p['parameters']['n_pairs']} pairs)")
+
+
+@_register("lm")
+def _lm(p: dict[str, Any], fig: Any) -> None:
+    ax1, ax2 = fig.subplots(1, 2)
+    ops = ("sv", "swa", "softmax")
+    colors = {"sv": "tab:green", "swa": "tab:orange", "softmax": "tab:blue"}
+    for r in p["trials"]:
+        ax1.plot(range(3), [r["val_bpb"][o] for o in ops], "o-", color="gray", alpha=0.6)
+    for i, o in enumerate(ops):
+        ax1.scatter([i], [p["summary"]["val_bpb_mean"][o]], s=80, color=colors[o], zorder=3)
+    ax1.set_xticks(range(3), ["SV", "SWA (matched)", "softmax"])
+    ax1.set_ylabel("validation bits per byte")
+    ax1.set_title("per seed (lines) and mean (dots)")
+    tests = p["summary"]["paired"]
+    names = list(tests)
+    means = [tests[n]["mean"] for n in names]
+    errs = [tests[n]["se"] or 0.0 for n in names]
+    ax2.bar(range(len(names)), means, yerr=errs, color=["tab:orange", "tab:blue"][: len(names)], capsize=4)
+    ax2.axhline(0, color="k", lw=0.8)
+    ax2.set_xticks(range(len(names)), [n.replace("_minus_sv", " - SV") for n in names])
+    ax2.set_ylabel("paired bpb difference (> 0: SV better)")
+    fig.suptitle("LM probe on the embedded corpus (NOT enwik8), CPU-sized budget")
+
+
+@_register("latency")
+def _latency(p: dict[str, Any], fig: Any) -> None:
+    rows = p["trials"]
+    ns = [r["n"] for r in rows]
+    ax1, ax2 = fig.subplots(1, 2)
+    ax1.plot(ns, [r["median_delete_ms"] for r in rows], "o-", color="tab:green", label="exact deletion")
+    ax1.plot(ns, [r["median_refit_ms"] for r in rows], "o-", color="tab:gray", label="refit from scratch")
+    ax1.set_yscale("log")
+    ax1.set_xlabel("keys n")
+    ax1.set_ylabel("median wall time (ms)")
+    ax1.legend(fontsize=8)
+    ax2.bar([str(n) for n in ns], [_floor(r["max_abs_f_deviation"]) for r in rows], color="tab:green")
+    ax2.axhline(p["published"]["max_decision_deviation"], color="tab:red", ls="--", label="published max deviation")
+    ax2.axhline(1e-8, color="k", ls=":", label="target 1e-8")
+    ax2.set_yscale("log")
+    ax2.set_xlabel("keys n")
+    ax2.set_ylabel("max |f_deleted - f_refit|")
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"Deletion latency ({p['parameters']['trials']} trials per size)")
