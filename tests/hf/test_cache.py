@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -410,3 +411,26 @@ def test_forget_an_evicted_token_drops_it_from_the_offload_tier() -> None:
     cache.update(*_kv([[0.3, 0.3]]), 0)  # (0, -10) admitted: nothing to revive any more
     clear_pending_gates()
     assert cache.restore_events == []
+
+
+_ARTIFACT = Path(__file__).resolve().parents[2] / "hf_artifact"
+
+
+@pytest.mark.skipif(not (_ARTIFACT / "config.json").exists() or not list(_ARTIFACT.glob("*.safetensors")),
+                    reason="no trained sv_lm artifact in hf_artifact/ yet (sv-attention export writes it)")
+def test_eviction_keeps_logits_on_the_trained_sv_lm() -> None:
+    from modeling_sv import SVForCausalLM
+
+    m = SVForCausalLM.from_pretrained(_ARTIFACT).eval()
+    sv_attention.enable(m, "sv_attention", nu=0.3, chunk=16)
+    ids = torch.tensor([list(b"Once upon a time there was a little fox who lived by the river.")])
+    ref, _ = _prefill(m, ids)
+    ev, _ = _prefill(m, ids)
+    rep = ev.evict()
+    assert rep.certified and ev.memory_bytes() < ref.memory_bytes()
+    worst, tok = 0.0, ids[:, -1:]
+    for _ in range(20):
+        a, b = _step(m, ref, tok), _step(m, ev, tok)
+        worst = max(worst, float((a - b).abs().max()))
+        tok = a[:, -1].argmax(-1, keepdim=True)
+    assert worst <= 1e-5
