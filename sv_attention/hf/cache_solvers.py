@@ -102,7 +102,8 @@ class SolverBank:
         for i, j, s in self.each():
             if not s.has_solution:
                 continue
-            active = [p for p in ps if p in set(s.ids.tolist())]
+            ids = set(s.ids.tolist())
+            active = [p for p in ps if p in ids]
             n_after = s.n - len(active)
             if active and n_after * self.C < 1.0 - 1e-12:
                 need = int(math.ceil(1.0 / self.C - 1e-9))
