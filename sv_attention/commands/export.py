@@ -29,6 +29,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write the rendered card to this path (e.g. MODEL_CARD.md)")
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The command as a reader would type it (rebuilt from the parsed arguments, not from sys.argv)."""
+    parts = ["sv-attention", "export", args.checkpoint, "--out", args.out]
+    for flag, value in (("--training-run", args.training_run), ("--results-dir", args.results_dir),
+                        ("--push-to", args.push_to), ("--card-copy", args.card_copy)):
+        if value:
+            parts += [flag, value]
+    if args.license != "apache-2.0":
+        parts += ["--license", args.license]
+    for d in args.dataset or []:
+        parts += ["--dataset", d]
+    parts += [flag for flag, on in (("--no-results", args.no_results), ("--private", args.private),
+                                    ("--overwrite", args.overwrite)) if on]
+    return " ".join(shlex.quote(str(p)) for p in parts)
+
+
 def run(args: argparse.Namespace) -> int:
     from sv_attention.artifact.export import export_artifact
     from sv_attention.errors import SVAttentionError
@@ -38,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if args.training_run:
         record = json.loads(Path(args.training_run).read_text())
     res_dir = None if args.no_results else (args.results_dir or results_dir())
-    command = "sv-attention " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "sv-attention export"
+    command = command_line(args)
     try:
         manifest = export_artifact(args.checkpoint, args.out, command=command, training_record=record,
                                    results_dir=res_dir, license=args.license, datasets=args.dataset,

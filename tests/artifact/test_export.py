@@ -94,6 +94,7 @@ def test_cli_export_from_training_checkpoint(tmp_path, capsys):
     manifest = json.loads((out / "MANIFEST.json").read_text())
     assert manifest["training"]["steps"] == 7 and manifest["training"]["tokens_seen"] == 896
     assert manifest["model"]["operator"] == "swa"
+    assert manifest["provenance"]["command"] == f"sv-attention export {ckpt} --out {out} --no-results"
     card = (out / "README.md").read_text()
     assert "steps: 7" in card and "1,234 training bytes" in card
     assert main(["verify", str(out)]) == 0
