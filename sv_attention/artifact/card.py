@@ -222,6 +222,23 @@ def _training_line(training: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _operator_limits(op: str, knobs: dict[str, Any]) -> list[str]:
+    lines = list(_OPERATOR_LIMITS.get(op, []))
+    if op == "sv":
+        if knobs.get("solver") == "exact":
+            lines[0] = lines[0].replace(
+                "come from the **batched training path** (a batched partition finder + a ridged bordered-KKT "
+                "solve): a stabilised approximation that carries **no deletion certificate**.",
+                "come from the exact fp64 solver (`solver=\"exact\"`, no gradient); the batched training "
+                "path, used when training, carries **no deletion certificate**.")
+        if knobs.get("detach_gate", True):
+            lines.append("**Detached gate.** As published, no gradient flows through alpha in training: the "
+                         "gate shapes the attention but is not itself trained.")
+    else:
+        lines.append(_NON_SV_CERTIFICATE.format(op=op))
+    return lines + [_BETA]
+
+
 def render_card(manifest: dict[str, Any], *, results: list[dict[str, Any]] | None = None,
                 results_dir: str | Path | None = None, license: str = "apache-2.0",
                 datasets: list[str] | None = None, repo_id: str | None = None) -> ModelCard:
@@ -256,8 +273,7 @@ def render_card(manifest: dict[str, Any], *, results: list[dict[str, Any]] | Non
     repo = repo_id or "ORG/NAME"
     limits = [s.format(block=model["max_position_embeddings"], layers=model["num_hidden_layers"],
                        width=model["hidden_size"]) for s in _GENERAL_LIMITS]
-    limits = _OPERATOR_LIMITS.get(op, []) + ([] if op == "sv" else [_NON_SV_CERTIFICATE.format(op=op)]) + [
-        _BETA] + limits
+    limits = _operator_limits(op, model["operator_config"]) + limits
     if op == "ceq_path_sum" and model["operator_config"].get("rho", 0) < 1:
         limits[0] = limits[0].replace(" (the sgate default rho = 1.5 has none)", "")
     prov = manifest.get("provenance", {})
@@ -312,7 +328,7 @@ certificate self-check).
 {render_results(results)}
 ## Manifest summary
 
-- files: {len(files)} hashed (sha256 + size), code files: {', '.join(f'`{k}`' for k in sorted(code)) or 'none'}
+- files: {len(files) + (0 if "README.md" in files else 1)} hashed in `MANIFEST.json` (sha256 + size; this card included), code files: {', '.join(f'`{k}`' for k in sorted(code)) or 'none'}
 - weights: """ + (", ".join(f"`{k}` sha256 `{v['sha256']}` ({v['size']:,} bytes)" for k, v in sorted(weights.items()))
                   or "(hashed after the card is written: see MANIFEST.json)") + f"""
 - tensors: {len(manifest.get('tensors', {}))} (name, shape, dtype, sha256 each)

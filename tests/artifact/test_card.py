@@ -34,6 +34,7 @@ def test_card_numbers_come_from_the_manifest(exported):
     for key in ("total", "trainable", "excluding_tied_head", "excluding_embeddings"):
         assert f"{p[key]:,}" in text
     assert manifest["files"]["model.safetensors"]["sha256"] in text
+    assert f"files: {len(manifest['files'])} hashed" in text
     assert "`model.layers.0.attn.ceq_alpha` | 1 |" in text
 
 
@@ -71,6 +72,9 @@ def test_limits_are_operator_specific(exported):
         text = render_card(m, results=[]).text
         limits = text[text.index("## Limits"):text.index("## Usage")]
         assert words in limits, (op, words)
+    m = {**manifest, "model": {**manifest["model"], "operator": "sv", "operator_config": {"solver": "exact"}}}
+    text = render_card(m, results=[]).text
+    assert "come from the exact fp64 solver" in text and "Detached gate" in text
 
 
 def test_card_round_trip(tmp_path, exported):
