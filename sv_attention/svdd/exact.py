@@ -133,6 +133,7 @@ class IncrementalSVDD(ReadAPI):
         self._solved = False
         self._next_id = 0
         self._evicted: dict[int, np.ndarray] = {}
+        self._ev_stack: tuple[np.ndarray, np.ndarray] | None = None  # cached (keys [m, d], sq norms [m])
         self._guards: Counter[str] = Counter()
         self._updates_since_refactor = 0
         self._fallbacks = 0
@@ -366,6 +367,7 @@ class IncrementalSVDD(ReadAPI):
         for i in id_list:
             if i in self._evicted:
                 del self._evicted[i]
+                self._ev_stack = None
             else:
                 fallback |= self._delete(self._id_to_slot[i])
         if self._solved and not self._S:
@@ -409,6 +411,7 @@ class IncrementalSVDD(ReadAPI):
         for i in evicted_ids:
             slot = self._id_to_slot[i]
             self._evicted[i] = self._X[slot].copy()
+            self._ev_stack = None
             self._drop_slot(slot)
         return self._receipt(EvictionReceipt, tuple(evicted_ids), t0, guards0, events0, False)
 
@@ -812,11 +815,16 @@ class IncrementalSVDD(ReadAPI):
         """KKT gradients ``g`` of the evicted keys under the current solution (``rho`` overrides)."""
         if not self._evicted or not self._solved:
             return np.zeros(0)
-        E = np.stack(list(self._evicted.values()))
+        if self._ev_stack is None:
+            E = np.stack(list(self._evicted.values()))
+            self._ev_stack = (E, np.einsum("md,md->m", E, E))
+        E, e2 = self._ev_stack
         n = self._n
         sv = np.flatnonzero(self._alpha[:n] != 0.0)
-        diff = E[:, None, :] - self._X[sv][None, :, :]
-        kx = np.exp(-np.einsum("qnd,qnd->qn", diff, diff) * self._inv_s2)
+        Xs = self._X[sv]
+        # expanded distances (one matmul): accurate to ~1e-15 * ||x||^2, far below the re-check tolerance
+        d2 = np.maximum(e2[:, None] + np.einsum("nd,nd->n", Xs, Xs)[None, :] - 2.0 * (E @ Xs.T), 0.0)
+        kx = np.exp(-d2 * self._inv_s2)
         return (self._rho if rho is None else rho) - 1.0 + 2.0 * kx @ self._alpha[sv]
 
     def _from_scratch(self) -> None:
@@ -939,6 +947,7 @@ class IncrementalSVDD(ReadAPI):
                 break
             ident = list(self._evicted)[k]
             x = self._evicted.pop(ident)
+            self._ev_stack = None
             fallback |= self._admit(x, ident)
             readmitted.append(ident)
         return tuple(readmitted), fallback
