@@ -99,7 +99,7 @@ class Block(nn.Module):
         return x + self.mlp(self.n2(x))
 
 
-def _op_step(kind: str, b: int, h: int, s: int, d: int, seed: int) -> Callable[[], None]:
+def _op_step(kind: str, b: int, h: int, s: int, d: int, seed: int) -> tuple[Callable[[], None], Callable[[], None]]:
     from sv_attention.ops.ceq import ceq_attention
 
     g = torch.Generator().manual_seed(seed)
@@ -108,46 +108,56 @@ def _op_step(kind: str, b: int, h: int, s: int, d: int, seed: int) -> Callable[[
         t.requires_grad_(True)
     alpha = torch.tensor(0.5, requires_grad=True)
 
-    def step() -> None:
+    def reset() -> None:
         for t in (q, k, v, alpha):
             t.grad = None
+
+    def step() -> None:
         if kind == "sdpa":
             out = scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             out = ceq_attention(q, k, v, alpha=alpha, hops=2)
         (out * go).sum().backward()
 
-    return step
+    return reset, step
 
 
-def _block_step(kind: str, b: int, h: int, s: int, d: int, seed: int) -> Callable[[], None]:
+def _block_step(kind: str, b: int, h: int, s: int, d: int, seed: int,
+                ) -> tuple[Callable[[], None], Callable[[], None]]:
     torch.manual_seed(seed)
     block = Block(h, d, kind)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(b, s, h * d, generator=g)
 
-    def step() -> None:
+    def reset() -> None:
         block.zero_grad(set_to_none=True)
+
+    def step() -> None:
         block(x).pow(2).mean().backward()
 
-    return step
+    return reset, step
 
 
 def measure(level: str, seq: int, args: argparse.Namespace) -> dict:
     """Wall and peak memory for both sides at one sequence length."""
     make = _op_step if level == "op" else _block_step
     steps = {kind: make(kind, args.batch, args.heads, seq, args.head_dim, args.seed) for kind in ("sdpa", "ceq")}
-    for f in steps.values():  # warm-up (allocator, kernels)
+    for reset, f in steps.values():  # warm-up (allocator, kernels)
+        reset()
         f()
     times: dict[str, list[float]] = {"sdpa": [], "ceq": []}
     cpu: dict[str, list[float]] = {"sdpa": [], "ceq": []}
     for _ in range(args.repeats):
-        for kind, f in steps.items():
+        for kind, (reset, f) in steps.items():
+            reset()
             c0, t0 = time.process_time(), time.perf_counter()
             f()
             times[kind].append(time.perf_counter() - t0)
             cpu[kind].append(time.process_time() - c0)
-    mem = {kind: peak_bytes(f) for kind, f in steps.items()}
+    mem = {}
+    for kind, (reset, f) in steps.items():
+        reset()  # gradients freed before the profiled step: the step's peak includes allocating them
+        mem[kind] = peak_bytes(f)
     wall = {kind: min(ts) for kind, ts in times.items()}
     cpu_min = {kind: min(ts) for kind, ts in cpu.items()}
     return {
