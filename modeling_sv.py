@@ -623,8 +623,9 @@ class SVModel(SVPreTrainedModel):
         hidden = self.norm(hidden)
         if all_hidden is not None:
             all_hidden += (hidden,)
-        return BaseModelOutputWithPast(last_hidden_state=hidden, hidden_states=all_hidden, attentions=all_attn,
-                                       **{CACHE_FIELD: cache})
+        out = BaseModelOutputWithPast(last_hidden_state=hidden, hidden_states=all_hidden, attentions=all_attn,
+                                      **{CACHE_FIELD: cache})
+        return out.to_tuple() if return_dict is False else out
 
 
 def build_mask(attention_mask: torch.Tensor | None, query_slots: torch.Tensor, key_slots: torch.Tensor,
@@ -694,8 +695,9 @@ class SVForCausalLM(SVPreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
                                    labels[:, 1:].reshape(-1).to(logits.device), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states,
-                                      attentions=out.attentions, **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
+        result = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                        attentions=out.attentions, **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
+        return result.to_tuple() if return_dict is False else result
 
     def _prepare_cache_for_generation(self, generation_config: Any, model_kwargs: dict, *args: Any,
                                       **kwargs: Any) -> Any:

@@ -249,6 +249,9 @@ def test_loss_is_next_byte_cross_entropy():
     out = m(x, labels=x)
     ref = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 256), x[:, 1:].reshape(-1))
     torch.testing.assert_close(out.loss, ref)
+    loss, logits = m(x, labels=x, use_cache=False, return_dict=False)[:2]
+    torch.testing.assert_close(loss, ref)
+    assert torch.equal(logits, out.logits)
 
 
 def test_set_attn_implementation_swaps_the_function():
