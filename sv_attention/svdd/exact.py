@@ -629,10 +629,9 @@ class IncrementalSVDD(ReadAPI):
             with np.errstate(divide="ignore", invalid="ignore"):
                 # margin keys hitting a bound
                 tS = np.where(db > 0, (C - an[s]) / db, np.where(db < 0, -an[s] / db, np.inf))
-                # error keys rising to g = 0, reserve keys falling to g = 0
-                tE = np.where((stn == ERROR) & (dg > 0), np.maximum(-gn, 0.0) / dg, np.inf)
-                tR = np.where((stn == RESERVE) & (dg < 0), np.maximum(gn, 0.0) / -dg, np.inf)
-            tB = np.minimum(tE, tR)
+                # error keys rising to g = 0 (dg > 0), reserve keys falling to g = 0 (dg < 0): step -g/dg
+                moving = ((stn == ERROR) & (dg > 0)) | ((stn == RESERVE) & (dg < 0))
+                tB = np.where(moving, np.maximum(-gn / dg, 0.0), np.inf)
             for j in tabu:
                 tB[j] = np.inf
             for j in left_at_zero | ({last_left} if last_left >= 0 else set()):
