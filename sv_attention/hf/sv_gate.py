@@ -30,6 +30,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from sv_attention.errors import InvalidInputError
 from sv_attention.kernels import median_bandwidth, rbf_gram
@@ -109,14 +110,13 @@ def _keys_by_position(key: torch.Tensor, valid: torch.Tensor, kpos: torch.Tensor
     return out * keep[:, None, :, None].to(key.dtype)
 
 
-def _fit(keys: torch.Tensor, mask: torch.Tensor, sigma: torch.Tensor, C: float) -> torch.Tensor:
-    """Fit SVDD gates: keys ``[G, n, d]``, mask ``[G, n]``, sigma ``[G]`` -> alpha ``[G, n]`` (>= 0)."""
+def _fit(gram: torch.Tensor, mask: torch.Tensor, C: float) -> torch.Tensor:
+    """Fit SVDD gates: RBF Gram ``[G, n, n]``, mask ``[G, n]`` -> alpha ``[G, n]`` (>= 0, 0 where masked)."""
     from sv_attention.svdd.batched import STATUS_NAMES, solve_batched
 
-    gram = rbf_gram(keys, sigma=sigma[:, None, None])
     sol = solve_batched(gram, mask, C)
     _count("fits")
-    _count("problems", keys.shape[0])
+    _count("problems", gram.shape[0])
     for code, name in STATUS_NAMES.items():
         k = int((sol.status == code).sum())
         if k:
@@ -127,6 +127,27 @@ def _fit(keys: torch.Tensor, mask: torch.Tensor, sigma: torch.Tensor, C: float) 
                           "(see sv_attention.hf.sv_gate.gate_stats())")
     alpha = sol.alpha.clamp_min(0.0)
     return torch.where(mask, alpha, torch.zeros_like(alpha))
+
+
+#: Largest ``G * n^2`` (Gram entries) of one batched solve when boundaries are packed together.
+PACK_ELEMENTS = 1 << 24
+
+
+def _packs(todo: list[tuple[int, int, torch.Tensor]], g: int) -> list[list[tuple[int, int, torch.Tensor]]]:
+    """Group (boundary, s, rows) problems, in order of s, so that each group's padded Gram stays small."""
+    packs: list[list[tuple[int, int, torch.Tensor]]] = []
+    cur: list[tuple[int, int, torch.Tensor]] = []
+    count = 0
+    for item in sorted(todo, key=lambda t: t[1]):
+        m = len(item[2]) * g
+        if cur and (count + m) * item[1] ** 2 > PACK_ELEMENTS:
+            packs.append(cur)
+            cur, count = [], 0
+        cur.append(item)
+        count += m
+    if cur:
+        packs.append(cur)
+    return packs
 
 
 def _check_state(state: GateState | None, key: torch.Tensor, q_len: int) -> GateState | None:
@@ -202,6 +223,9 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
     bounds = sorted({int(s) for s in bnd[active].unique().tolist()})
     S = len(bounds)
     table = torch.ones(b, g, S + 1, P, dtype=dt, device=key.device)  # slot S: "ungated"
+    alphas: list[torch.Tensor] = []
+    rows_of: list[torch.Tensor] = []
+    todo_list: list[tuple[int, int, torch.Tensor]] = []  # (boundary index, s, batch rows to fit)
     for i, s in enumerate(bounds):
         rows = (active & (bnd == s)).any(-1)  # [b] sequences with a query reading boundary s
         alpha = torch.zeros(b, g, s, dtype=dt, device=key.device)
@@ -212,19 +236,36 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
             _count("reused", int(have.sum()))
         todo = rows & ~have
         if bool(todo.any()):
-            ib = todo.nonzero().flatten()
-            ks = kbp[ib, :, :s].reshape(-1, s, d)
-            fitted = _fit(ks, torch.ones(ks.shape[:2], dtype=torch.bool, device=key.device),
-                          sig[ib].reshape(-1), C).reshape(len(ib), g, s)
-            alpha = alpha.index_copy(0, ib, fitted)
-        table[:, :, i, :s] = alpha
+            todo_list.append((i, s, todo.nonzero().flatten()))
+        alphas.append(alpha)
+        rows_of.append(rows)
+    # fit every missing (boundary, sequence) gate, packing boundaries into few batched solves
+    full = None
+    if todo_list:  # one Gram per (sequence, kv-head) on the keys up to the last boundary; blocks are sliced
+        n_all = max(s for _, s, _ in todo_list)
+        full = rbf_gram(kbp[:, :, :n_all], sigma=sig[:, :, None, None])
+    for pack in _packs(todo_list, g):
+        n_max = max(s for _, s, _ in pack)
+        gr = torch.cat([F.pad(full[ib, :, :s, :s], (0, n_max - s, 0, n_max - s)).reshape(-1, n_max, n_max)
+                        for _, s, ib in pack])
+        ms = torch.cat([(torch.arange(n_max, device=key.device) < s).expand(len(ib) * g, n_max)
+                        for _, s, ib in pack])
+        fitted = _fit(gr, ms, C)
+        o = 0
+        for i, s, ib in pack:
+            m = len(ib) * g
+            alphas[i] = alphas[i].index_copy(0, ib, fitted[o:o + m, :s].reshape(len(ib), g, s))
+            o += m
+    for i, s in enumerate(bounds):
+        table[:, :, i, :s] = alphas[i]
         table[:, :, i, s:] = 1.0
         if keep_state:
             if state is None:
                 state = _new_state(None, key, True, sig)
+            rows = rows_of[i]
             done = state.done.get(s, torch.zeros(b, dtype=torch.bool, device=key.device)) | rows
             prev = state.gates.get(s, torch.zeros(b, g, s, dtype=dt, device=key.device))
-            state.gates[s] = torch.where(rows[:, None, None], alpha.detach(), prev)
+            state.gates[s] = torch.where(rows[:, None, None], alphas[i].detach(), prev)
             state.done[s] = done
     # gather weight[b, g, r, j] = table[b, g, slot(b, r), kpos(b, j)]
     slot = torch.full((b, q), S, dtype=torch.long, device=key.device)
@@ -281,7 +322,8 @@ def full_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warmup
     else:
         sig = torch.full((b, g), float(sigma), dtype=key.dtype, device=key.device)
     ib = rows.nonzero().flatten()
-    fitted = _fit(key[ib].reshape(-1, kv, d), m[ib].reshape(-1, kv), sig[ib].reshape(-1), C).reshape(len(ib), g, kv)
+    gram = rbf_gram(key[ib].reshape(-1, kv, d), sigma=sig[ib].reshape(-1)[:, None, None])
+    fitted = _fit(gram, m[ib].reshape(-1, kv), C).reshape(len(ib), g, kv)
     w = torch.ones(b, g, kv, dtype=key.dtype, device=key.device).index_copy(0, ib, fitted)
     w = torch.where(m, w, torch.ones_like(w))  # invalid keys stay masked by `visible`
     return torch.log(w)[:, :, None, :]
