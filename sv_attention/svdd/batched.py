@@ -171,7 +171,7 @@ def _validate(gram: torch.Tensor, mask: torch.Tensor) -> None:
 def solve_batched(gram: torch.Tensor, mask: torch.Tensor, C: float | torch.Tensor, *, backend: str = "auto",
                   fista_iters: int = 40, projection_steps: int = 4, power_iters: int = 20, polish_steps: int = 24,
                   ridge: float = 1e-3, eps_rel: float = 1e-4, tol: float | None = None,
-                  polish: str = "hybrid") -> BatchedSolution:
+                  polish: str = "hybrid", check_inputs: bool = True) -> BatchedSolution:
     """Solve a batch of SVDD problems; differentiable coefficients through a ridged bordered solve.
 
     Parameters
@@ -208,6 +208,9 @@ def solve_batched(gram: torch.Tensor, mask: torch.Tensor, C: float | torch.Tenso
         clustered problems); ``"primal"``: feasible active set with a ratio test (monotone, one blocking
         key per step); ``"hybrid"``: ``PDAS_STEPS`` primal-dual steps, then the primal method on the
         problems still unsettled.
+    check_inputs : bool, default True
+        Validate shapes and finiteness of ``gram`` (a full pass over it); callers that built ``gram``
+        from keys they already checked (the causal layer) pass False.
 
     Returns
     -------
@@ -224,7 +227,8 @@ def solve_batched(gram: torch.Tensor, mask: torch.Tensor, C: float | torch.Tenso
     BackendUnavailableError
         ``backend="mlx"`` where MLX cannot be imported.
     """
-    _validate(gram, mask)
+    if check_inputs:
+        _validate(gram, mask)
     for name, val in (("fista_iters", fista_iters), ("projection_steps", projection_steps), ("power_iters", power_iters),
                       ("polish_steps", polish_steps)):
         if int(val) != val or val < 0:
@@ -249,6 +253,8 @@ def solve_batched(gram: torch.Tensor, mask: torch.Tensor, C: float | torch.Tenso
     with torch.no_grad():
         maskf = mask.to(dt)
         g0 = gram.detach() * (maskf[:, :, None] * maskf[:, None, :])
+        prof = torch.profiler.record_function("sv.finder")
+        prof.__enter__()
         if used == "mlx":
             from sv_attention.svdd.batched_mlx import fista_finder_mlx
 
@@ -257,17 +263,20 @@ def solve_batched(gram: torch.Tensor, mask: torch.Tensor, C: float | torch.Tenso
         else:
             a = fista_finder(g0, maskf, C_run, iters=fista_iters, projection_steps=projection_steps,
                              power_iters=power_iters)
+        prof.__exit__(None, None, None)
         eps = eps_rel * C_run[:, None]
         error = mask & (a >= C_run[:, None] - eps)
         margin = mask & ~error & (a > eps)
-        pol = _polish(g0, mask, a, margin, error, C_run, polish, polish_steps, tol)
+        with torch.profiler.record_function("sv.polish"):
+            pol = _polish(g0, mask, a, margin, error, C_run, polish, polish_steps, tol)
         margin, error = pol.margin, pol.error
 
     # Final differentiable solve (gram with padded entries zeroed so they get exactly zero gradient).
     mask2 = mask[:, :, None] & mask[:, None, :]
     gram_m = torch.where(mask2, gram, torch.zeros((), dtype=dt, device=dev))
     C_final = torch.where(feasible, Ct, C_run)
-    sol = fixed_partition_solve(gram_m, mask, margin, error, C_final, ridge)
+    with torch.profiler.record_function("sv.solve"):
+        sol = fixed_partition_solve(gram_m, mask, margin, error, C_final, ridge)
     alpha, rho = sol.alpha, sol.rho
     uniform = maskf / cnt.clamp_min(1).to(dt)[:, None]
     alpha = torch.where(feasible[:, None], alpha, uniform)

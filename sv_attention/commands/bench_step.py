@@ -1,0 +1,191 @@
+"""``sv-attention bench step``: training-step time of a small decoder, SV attention vs torch SDPA.
+
+One training step = zero_grad, forward, cross-entropy, backward (no optimizer update; it is identical
+for both). The same pre-norm byte-level decoder (default 4 layers, d_model 256, 4 heads, block 256,
+batch 16) is built twice from one seed, once with :class:`sv_attention.ops.CausalSVAttention` (batched
+solver, chunk 64) and once with the same q/k/v/o projections around
+``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``. The two are timed interleaved in
+one run (median of ``--repeats`` after ``--warmup`` steps), and one extra SV step is profiled with
+``torch.profiler`` to say where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+COMMAND = "bench step"
+HELP = "training-step time of a small decoder: CausalSVAttention (batched) vs torch SDPA, with a profile"
+
+#: Profiler labels emitted by the SV path (see sv_attention.ops.causal and sv_attention.svdd.batched).
+PROFILE_LABELS = ("sv.gram", "sv.finder", "sv.polish", "sv.solve", "sv.readout", "sv.gate")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
+    parser.add_argument("--d-model", type=int, default=256, help="model width (default 256)")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    parser.add_argument("--block", type=int, default=256, help="sequence length (default 256)")
+    parser.add_argument("--batch", type=int, default=16, help="batch size (default 16)")
+    parser.add_argument("--chunk", type=int, default=64, help="SV chunk length (default 64)")
+    parser.add_argument("--nu", type=float, default=0.5, help="SV gate nu, C = 1/(nu*chunk) (default 0.5)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per arm (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per arm first (default 1)")
+    parser.add_argument("--backend", default="auto", choices=("auto", "torch", "mlx"),
+                        help="batched finder backend (default auto)")
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiled step")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--json", default=None, help="output path (default results/bench_step.json)")
+
+
+def build_decoder(attn: str, *, layers: int, d_model: int, heads: int, block: int, chunk: int, nu: float,
+                  backend: str = "auto", vocab: int = 256, seed: int = 0) -> Any:
+    """A pre-norm decoder whose attention is ``attn`` ("sv" or "sdpa"); identical weights per seed."""
+    import torch
+    from torch import nn
+
+    from sv_attention.ops.causal import CausalSVAttention
+
+    class SDPAAttention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.h, self.hd = heads, d_model // heads
+            self.q_proj = nn.Linear(d_model, d_model, bias=False)
+            self.k_proj = nn.Linear(d_model, d_model, bias=False)
+            self.v_proj = nn.Linear(d_model, d_model, bias=False)
+            self.o_proj = nn.Linear(d_model, d_model, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, s, _ = x.shape
+
+            def sp(t: torch.Tensor) -> torch.Tensor:
+                return t.view(b, s, self.h, self.hd).transpose(1, 2)
+
+            o = torch.nn.functional.scaled_dot_product_attention(sp(self.q_proj(x)), sp(self.k_proj(x)),
+                                                                 sp(self.v_proj(x)), is_causal=True)
+            return self.o_proj(o.transpose(1, 2).reshape(b, s, d_model))
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n1, self.n2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+            self.attn = (CausalSVAttention(d_model, heads, nu=nu, n0=chunk, chunk=chunk,
+                                           solve_kwargs={"backend": backend})
+                         if attn == "sv" else SDPAAttention())
+            self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x + self.attn(self.n1(x))
+            return x + self.mlp(self.n2(x))
+
+    class Decoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(vocab, d_model)
+            self.pos = nn.Parameter(torch.zeros(block, d_model))
+            self.blocks = nn.ModuleList([Block() for _ in range(layers)])
+            self.norm = nn.LayerNorm(d_model)
+            self.head = nn.Linear(d_model, vocab, bias=False)
+
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            x = self.emb(idx) + self.pos[: idx.shape[1]]
+            for blk in self.blocks:
+                x = blk(x)
+            return self.head(self.norm(x))
+
+    torch.manual_seed(seed)
+    return Decoder()
+
+
+def train_step(model: Any, idx: Any) -> float:
+    """zero_grad, forward, cross-entropy (next byte), backward; returns the loss."""
+    import torch
+
+    model.zero_grad(set_to_none=True)
+    logits = model(idx[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
+    loss.backward()
+    return float(loss)
+
+
+def profile_step(model: Any, idx: Any) -> list[dict[str, Any]]:
+    """Profile one step; rows ``{"label", "ms", "share"}`` for the SV labels and the whole step."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        train_step(model, idx)
+    total_ms = (time.perf_counter() - t0) * 1e3
+    agg: dict[str, float] = {}
+    for ev in prof.key_averages():
+        if ev.key in PROFILE_LABELS:
+            agg[ev.key] = agg.get(ev.key, 0.0) + ev.cpu_time_total / 1e3
+    rows = [{"label": lab, "ms": round(agg.get(lab, 0.0), 2),
+             "share": round(agg.get(lab, 0.0) / total_ms, 4) if total_ms > 0 else 0.0} for lab in PROFILE_LABELS]
+    gate = agg.get("sv.gate", 0.0) + agg.get("sv.readout", 0.0)
+    rows.append({"label": "rest (projections, MLP, backward, ...)", "ms": round(total_ms - gate, 2),
+                 "share": round(1 - gate / total_ms, 4) if total_ms > 0 else 0.0})
+    rows.append({"label": "total (profiled step)", "ms": round(total_ms, 2), "share": 1.0})
+    del torch
+    return rows
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark; returns the JSON payload."""
+    import torch
+    from tqdm import tqdm
+
+    cfg = dict(layers=args.layers, d_model=args.d_model, heads=args.heads, block=args.block, chunk=args.chunk,
+               nu=args.nu, backend=args.backend, seed=args.seed)
+    models = {"sv": build_decoder("sv", **cfg), "sdpa": build_decoder("sdpa", **cfg)}
+    g = torch.Generator().manual_seed(args.seed)
+    idx = torch.randint(0, 256, (args.batch, args.block + 1), generator=g)
+    times: dict[str, list[float]] = {"sv": [], "sdpa": []}
+    losses: dict[str, float] = {}
+    for _ in range(args.warmup):
+        for name, m in models.items():
+            losses[name] = train_step(m, idx)
+    for _ in tqdm(range(args.repeats), desc="bench step", leave=False):
+        for name, m in models.items():  # interleaved: both arms see the same machine load
+            t0 = time.perf_counter()
+            losses[name] = train_step(m, idx)
+            times[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    tokens = args.batch * args.block
+    prof = [] if args.no_profile else profile_step(models["sv"], idx)
+    counts = {}
+    for blk in models["sv"].blocks:
+        for key, val in blk.attn.last_status_counts.items():
+            counts[key] = counts.get(key, 0) + val
+    return {
+        "config": {**cfg, "batch": args.batch, "repeats": args.repeats, "warmup": args.warmup,
+                   "torch_threads": torch.get_num_threads()},
+        "step_s": {"sv": med["sv"], "sdpa": med["sdpa"]},
+        "all_step_s": times,
+        "tokens_per_s": {k: tokens / v for k, v in med.items()},
+        "ratio_sv_over_sdpa": med["sv"] / med["sdpa"],
+        "target_ratio": 3.0,
+        "loss": losses,
+        "profile_sv_step": prof,
+        "gate_status_counts_last_step": counts,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from sv_attention.results import write_result
+
+    res = measure(args)
+    print(f"{'arm':<6} {'step s':>9} {'tokens/s':>10}")
+    for k in ("sv", "sdpa"):
+        print(f"{k:<6} {res['step_s'][k]:>9.3f} {res['tokens_per_s'][k]:>10.0f}")
+    print(f"ratio sv/sdpa = {res['ratio_sv_over_sdpa']:.2f} (target <= 3)")
+    if res["profile_sv_step"]:
+        print(f"\n{'where the SV step time goes':<40} {'ms':>9} {'share':>7}")
+        for row in res["profile_sv_step"]:
+            print(f"{row['label']:<40} {row['ms']:>9.1f} {100 * row['share']:>6.1f}%")
+    path = write_result("bench_step", res, args.json)
+    print(f"\nwrote {path}")
+    return 0
