@@ -593,7 +593,12 @@ class IncrementalSVDD(ReadAPI):
             self._refactor("refactor_tiny_pivot")
             return
         Rn = R - np.outer(R[:, p], R[p, :]) / rpp
-        self._R = np.delete(np.delete(Rn, p, axis=0), p, axis=1)
+        last = Rn.shape[0] - 1
+        if p != last:  # move the last margin key into position p (a symmetric permutation of R and S)
+            Rn[[p, last], :] = Rn[[last, p], :]
+            Rn[:, [p, last]] = Rn[:, [last, p]]
+            self._S.insert(pos, self._S.pop())
+        self._R = np.ascontiguousarray(Rn[:last, :last])
         self._after_update()
 
     # ------------------------------------------------------------------ the walk
