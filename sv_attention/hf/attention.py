@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from sv_attention.errors import HopCacheError, InvalidInputError, UnsupportedFeatureError
+from sv_attention.errors import HopCacheError, InvalidInputError, MaskError, UnsupportedFeatureError
 from sv_attention.hf.gate_handoff import GateHandoff, pop_pending_gate
 from sv_attention.hf.settings import CEQ_NAME, SV_NAME, CeqSettings, SVSettings, settings_from_config
 from sv_attention.hf.sv_gate import GateState, causal_gate_bias, check_gqa, full_gate_bias, warn_once
@@ -92,7 +92,10 @@ def visible_mask(mask: torch.Tensor | None, b: int, q_len: int, kv_len: int, cau
         tri = torch.arange(kv_len, device=device)[None, :] <= torch.arange(q_len, device=device)[:, None]
         return tri[None].expand(b, q_len, kv_len)
     if bm.shape[1] != 1:
-        bm = bm.all(dim=1, keepdim=True) if bool((bm == bm[:, :1]).all()) else bm[:, :1]
+        if not bool((bm == bm[:, :1]).all()):
+            raise MaskError(f"per-head attention masks {tuple(bm.shape)} are not supported; pass one mask shared "
+                            "by the heads ([b, 1, q, kv])")
+        bm = bm[:, :1]
     return bm[:, 0].to(device).expand(b, q_len, kv_len)
 
 
@@ -108,8 +111,8 @@ def _grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     g, kv = key.shape[1], key.shape[2]
     r = h // g
     logits = torch.matmul(query.reshape(b, g, r * q, d), key.transpose(-1, -2)).view(b, g, r, q, kv) * scaling
-    if bias is not None:
-        logits = logits + bias[:, :, None]
+    if bias is not None:  # fp32 bias: the softmax runs in fp32 anyway
+        logits = logits.to(torch.promote_types(logits.dtype, bias.dtype)) + bias[:, :, None]
     allowed = visible[:, None, None]
     logits = logits.masked_fill(~allowed, float("-inf"))
     w = torch.softmax(logits, dim=-1, dtype=torch.float32)
@@ -188,6 +191,8 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     if handoff is not None:
         bias, visible = _handoff_bias(handoff, visible, causal, b, g, q_len, kv_len)
     elif settings.gate:
+        # the gate is fitted in fp32 (or fp64) whatever the model's dtype
+        gate_keys = key if key.dtype in (torch.float32, torch.float64) else key.float()
         window = _sliding_window(module, kwargs)
         if window is not None:
             if settings.sliding_window == "refuse":
@@ -202,14 +207,12 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
             state = module.__dict__.get(STATE_ATTR) if keep_state else None
             state = state if isinstance(state, GateState) else None
             bias, new_state = causal_gate_bias(
-                key, visible, C=settings.box, warmup=settings.warmup, chunk=settings.chunk,
+                gate_keys, visible, C=settings.box, warmup=settings.warmup, chunk=settings.chunk,
                 sigma=settings.sigma, state=state, keep_state=keep_state)
             if keep_state:
                 module.__dict__[STATE_ATTR] = new_state
         else:
-            bias = full_gate_bias(key, visible, C=settings.box, warmup=settings.warmup, sigma=settings.sigma)
-    if bias is not None:
-        bias = bias.to(query.dtype) if query.dtype != torch.float32 else bias
+            bias = full_gate_bias(gate_keys, visible, C=settings.box, warmup=settings.warmup, sigma=settings.sigma)
     out, weights = _grouped_attention(query, key, value, visible, bias, sc, float(dropout))
     out = out.transpose(1, 2).contiguous()
     return out, (weights if kwargs.get("output_attentions") else None)

@@ -259,3 +259,18 @@ def test_handoff_mask_over_positions_is_read_at_key_positions():
                                  query_positions=torch.tensor([6])))
     _, w = sv_attention_forward(Mod(), q, k, v, mask, output_attentions=True)
     assert (w[0, :, 0, 1] == 0).all() and (w[0, :, 0, [0, 2, 3]] > 0).all()
+
+
+def test_half_precision_inputs_and_per_head_masks():
+    q, k, v = qkv(b=1, q=12, kv=12, d=4, seed=9)
+    ref, _ = sv_attention_forward(Mod(nu=0.5, chunk=4), q, k, v, causal(1, 12, 12)[:, None])
+    out, _ = sv_attention_forward(Mod(nu=0.5, chunk=4), q.bfloat16(), k.bfloat16(), v.bfloat16(),
+                                  causal(1, 12, 12)[:, None])
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert (out.float() - ref).abs().max() < 0.1
+    heads = causal(1, 12, 12)[:, None].expand(1, 4, 12, 12).clone()
+    heads[:, 1, :, 0] = False
+    from sv_attention.errors import MaskError
+
+    with pytest.raises(MaskError, match="per-head"):
+        sv_attention_forward(Mod(), q, k, v, heads)
