@@ -30,7 +30,8 @@ def test_tiny_quickstart_end_to_end(tmp_path, capsys):
     assert de["paths"] == {"1": "exact decrement"} and de["max_refit_deviation"] < 1e-8
     paths = s["paths"]
     art = Path(paths["artifact"])
-    assert "quickstart_twins" in (art / "README.md").read_text()
+    card = (art / "README.md").read_text()
+    assert "training throughput SV / softmax" in card and "not enwik8" in card
     training = json.loads((art / "MANIFEST.json").read_text())["training"]
     assert training["steps"] == 4 and training["dataset"] == "embedded"
     assert training["data"]["validation"]["start"] == training["data"]["train"]["end"]

@@ -47,6 +47,10 @@ def test_twins_write_comparison(tmp_path):
     assert set(data["val_bpb"]) == {"softmax", "swa"}
     assert data["operator_config"]["swa"] == {"window": 32}  # SV local window (chunk 64) capped at the block
     assert "NOT enwik8" in data["summary"]
+    rows = {r["metric"]: r for r in data["table"]}  # the card's published-vs-ours rows
+    swa = rows["validation bits-per-byte, matched-window SWA twin"]
+    assert swa["published"] == 2.383 and swa["ours"] == data["val_bpb"]["swa"] and "not enwik8" in swa["note"]
+    assert rows["validation bits-per-byte, softmax twin"]["published"] is None
     assert all(v > 0 for v in data["tokens_per_s_interleaved"].values())
 
 
