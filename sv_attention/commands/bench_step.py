@@ -107,7 +107,7 @@ def train_step(model: Any, idx: Any) -> float:
     logits = model(idx[:, :-1])
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
     loss.backward()
-    return float(loss)
+    return float(loss.detach())
 
 
 def profile_step(model: Any, idx: Any) -> list[dict[str, Any]]:

@@ -39,12 +39,18 @@ class FixedPartitionSolve:
     rho : Tensor ``[G]``
     ok : bool Tensor ``[G]``  False where the guarded solve failed and the fallback ridge was used
     empty : bool Tensor ``[G]``  True where the margin set is empty (rho then from the KKT interval)
+    k_alpha : Tensor ``[G, n]``  ``K @ alpha`` (from the gathered margin rows, no extra pass over K)
     """
 
     alpha: torch.Tensor
     rho: torch.Tensor
     ok: torch.Tensor
     empty: torch.Tensor
+    k_alpha: torch.Tensor
+
+    def gradient(self, gram: torch.Tensor) -> torch.Tensor:
+        """KKT gradient ``g = rho - diag(K) + 2 K alpha``, ``[G, n]``."""
+        return self.rho[:, None] - torch.diagonal(gram, dim1=-2, dim2=-1) + 2.0 * self.k_alpha
 
 
 def kkt_gradient(gram: torch.Tensor, alpha: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
@@ -59,7 +65,7 @@ def _c_column(C: torch.Tensor) -> torch.Tensor:
 
 def _bordered_system(gram: torch.Tensor, margin: torch.Tensor, error: torch.Tensor, C: torch.Tensor,
                      ridge: float | torch.Tensor,
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                     ) -> tuple[torch.Tensor, ...]:
     """Build the compacted bordered system (differentiable in gram and C).
 
     The margin keys of each problem are gathered to the front (``order [G, m]``, ``m = max |S|``); slots
@@ -68,7 +74,7 @@ def _bordered_system(gram: torch.Tensor, margin: torch.Tensor, error: torch.Tens
     Returns
     -------
     A ``[G, m+1, m+1]``, b ``[G, m+1]``, empty ``[G]`` bool, order ``[G, m]`` long, vcf ``[G, m]`` (1.0 on
-    used slots).
+    used slots), rows ``[G, m, n]`` (the gathered margin rows of K), kef ``[G, n]`` (``K 1_E``).
     """
     G, n, _ = gram.shape
     dt = gram.dtype
@@ -76,7 +82,8 @@ def _bordered_system(gram: torch.Tensor, margin: torch.Tensor, error: torch.Tens
     m = int(ns.max()) if G > 0 else 0
     order = torch.argsort((~margin).to(torch.int8), dim=-1, stable=True)[:, :m]
     vcf = (torch.arange(m, device=gram.device)[None, :] < ns[:, None]).to(dt)
-    Kc = gram.gather(1, order[:, :, None].expand(G, m, n)).gather(2, order[:, None, :].expand(G, m, m))
+    rows = gram.gather(1, order[:, :, None].expand(G, m, n))
+    Kc = rows.gather(2, order[:, None, :].expand(G, m, m))
     eye = torch.eye(m, dtype=dt, device=gram.device)
     ridge_t = ridge if isinstance(ridge, torch.Tensor) else torch.as_tensor(ridge, dtype=dt, device=gram.device)
     if ridge_t.dim() == 1:
@@ -90,10 +97,11 @@ def _bordered_system(gram: torch.Tensor, margin: torch.Tensor, error: torch.Tens
     A = torch.cat([top, rest], dim=1)
     ef = error.to(dt)
     diag = torch.diagonal(gram, dim1=-2, dim2=-1)
-    h = diag - 2.0 * _c_column(C) * (gram @ ef[..., None])[..., 0]
+    kef = (gram @ ef[..., None])[..., 0]
+    h = diag - 2.0 * _c_column(C) * kef
     b0 = 1.0 - C * ef.sum(-1)
     b = torch.cat([b0[:, None], h.gather(1, order) * vcf], dim=1)
-    return A, b, empty, order, vcf
+    return A, b, empty, order, vcf, rows, kef
 
 
 def _rho_interval_midpoint(gram: torch.Tensor, alpha: torch.Tensor, mask: torch.Tensor,
@@ -127,7 +135,7 @@ def fixed_partition_solve(gram: torch.Tensor, mask: torch.Tensor, margin: torch.
     -------
     FixedPartitionSolve
     """
-    A, b, empty, order, vcf = _bordered_system(gram, margin, error, C, ridge)
+    A, b, empty, order, vcf, rows, kef = _bordered_system(gram, margin, error, C, ridge)
     u, info = torch.linalg.solve_ex(A, b[..., None], check_errors=False)
     u = u[..., 0]
     ok = (info == 0) & torch.isfinite(u).all(-1)
@@ -142,10 +150,11 @@ def fixed_partition_solve(gram: torch.Tensor, mask: torch.Tensor, margin: torch.
         u = u.index_put((bad,), u2)
     alpha_c = u[:, 1:] * vcf
     alpha = torch.zeros_like(gram[:, 0]).scatter_add(1, order, alpha_c) + _c_column(C) * error.to(gram.dtype)
+    k_alpha = (alpha_c[:, None, :] @ rows)[:, 0] + _c_column(C) * kef  # K symmetric: K[:, S] = K[S, :]^T
     rho = u[:, 0]
     if bool(empty.any()):
         rho = torch.where(empty, _rho_interval_midpoint(gram, alpha, mask, error), rho)
-    return FixedPartitionSolve(alpha=alpha, rho=rho, ok=ok, empty=empty)
+    return FixedPartitionSolve(alpha=alpha, rho=rho, ok=ok, empty=empty, k_alpha=k_alpha)
 
 
 def kkt_violation(alpha: torch.Tensor, g: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
@@ -214,7 +223,7 @@ def active_set_polish(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tens
     for _ in range(max(steps, 0) + 1):
         sol = fixed_partition_solve(gram, mask, cur_m, cur_e, C, 0.0)
         failures += int((~sol.ok).sum())
-        g = kkt_gradient(gram, sol.alpha, sol.rho)
+        g = sol.gradient(gram)
         viol = kkt_violation(sol.alpha, g, mask, cur_m, cur_e, C)
         better = viol < best_v
         best_v = torch.where(better, viol, best_v)
@@ -295,7 +304,7 @@ def primal_active_set(gram: torch.Tensor, mask: torch.Tensor, alpha0: torch.Tens
         step_alpha = alpha + t_min[:, None] * direction
         full = ~blocked
         # Full steps: KKT gradient of the exact solve; admit the worst violators.
-        g = kkt_gradient(gram, sol.alpha, sol.rho)
+        g = sol.gradient(gram)
         reserve = mask & ~cur_m & ~cur_e
         pv = torch.where(reserve, -g, torch.where(cur_e, g, torch.full_like(g, -1.0)))
         worst = pv.amax(-1, keepdim=True)
@@ -319,7 +328,7 @@ def primal_active_set(gram: torch.Tensor, mask: torch.Tensor, alpha0: torch.Tens
         cur_e = torch.where(frozen, cur_e, new_e)
         run += 1
     final = fixed_partition_solve(gram, mask, cur_m, cur_e, C, 0.0)
-    gf = kkt_gradient(gram, final.alpha, final.rho)
+    gf = final.gradient(gram)
     viol = kkt_violation(final.alpha, gf, mask, cur_m, cur_e, C).to(dt)
     return PolishResult(margin=cur_m, error=cur_e, violation=viol, converged=converged, steps=run,
                         solve_failures=failures)

@@ -1,0 +1,30 @@
+"""The smallest setting of ``sv-attention bench step`` runs and writes a consistent JSON."""
+
+import json
+
+import torch
+
+from sv_attention.cli import main
+from sv_attention.commands.bench_step import build_decoder
+
+
+def test_both_arms_share_the_backbone():
+    cfg = dict(layers=2, d_model=16, heads=2, block=24, chunk=8, nu=0.5, seed=3)
+    sv, sdpa = build_decoder("sv", **cfg), build_decoder("sdpa", **cfg)
+    a, b = sv.state_dict(), sdpa.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bench_step_smallest_setting(tmp_path, capsys):
+    out = tmp_path / "step.json"
+    rc = main(["bench", "step", "--layers", "1", "--d-model", "16", "--heads", "2", "--block", "24", "--batch", "2",
+               "--chunk", "8", "--repeats", "1", "--warmup", "0", "--backend", "torch", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    st = data["step_s"]
+    assert abs(data["ratio_sv_over_sdpa"] - st["sv"] / st["sdpa"]) < 1e-12
+    assert abs(data["tokens_per_s"]["sv"] - 2 * 24 / st["sv"]) < 1e-6
+    labels = [r["label"] for r in data["profile_sv_step"]]
+    assert "sv.finder" in labels and labels[-1].startswith("total")
+    assert data["profile_sv_step"][-1]["ms"] > 0
+    assert "ratio sv/sdpa" in capsys.readouterr().out
