@@ -106,3 +106,7 @@ def render_markdown(rows: list[dict[str, Any]]) -> str:
         cells = [r["experiment"], f"{r['metric']}{note}", fmt(r["published"]), fmt(r["ours"]), f"`{r['command']}`"]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m sv_attention.experiments.summary`
+    print(render_markdown(experiment_table_rows()), end="")

@@ -1,0 +1,47 @@
+import json
+
+import numpy as np
+import pytest
+
+from sv_attention.experiments.lm_probe import paired_test, record_gate_support, run_lm
+
+
+def test_paired_test_matches_scipy_ttest_rel():
+    stats = pytest.importorskip("scipy.stats")
+    a = np.array([2.31, 2.40, 2.35, 2.38])
+    b = np.array([2.20, 2.33, 2.30, 2.31])
+    res = paired_test((a - b).tolist())
+    ref = stats.ttest_rel(a, b)
+    assert abs(res["t"] - ref.statistic) < 1e-10 and abs(res["p_two_sided"] - ref.pvalue) < 1e-10
+    assert res["df"] == 3 and paired_test([0.1])["t"] is None
+
+
+def test_record_gate_support_counts_positive_alpha_per_active_gate():
+    import torch
+
+    from sv_attention.ops.causal import compute_boundary_gates
+
+    k = torch.randn(2, 1, 24, 4, generator=torch.Generator().manual_seed(0))
+    with record_gate_support() as sizes:
+        import sv_attention.ops.causal as causal
+
+        gates = causal.compute_boundary_gates(k, [8, 16], C=0.25, chunk=8)
+    ref = compute_boundary_gates(k, [8, 16], C=0.25, chunk=8)
+    expect = []
+    for s in (8, 16):
+        expect += (ref.alpha[s] > 0).sum(-1)[ref.active[s]].reshape(-1).tolist()
+    assert sorted(sizes) == sorted(expect) and len(sizes) == len(expect) > 0
+    assert causal.compute_boundary_gates is compute_boundary_gates  # restored
+    assert set(gates.alpha) == {8, 16}
+
+
+@pytest.mark.slow
+def test_lm_probe_smallest_setting(tmp_path):
+    # Three tiny trainings (SV, SWA, softmax) of two steps each, plus the support measurement.
+    p = run_lm(seeds=(0,), steps=2, hidden_size=16, num_layers=1, num_heads=1, block_size=32, batch_size=2,
+               chunk=8, n0=8, eval_bytes=64, embedded_bytes=20_000, run_root=tmp_path / "runs")
+    (r,) = p["trials"]
+    assert r["swa_window"] == round(r["support"]["mean"]) + 8
+    assert set(r["val_bpb"]) == {"sv", "swa", "softmax"} and all(np.isfinite(list(r["val_bpb"].values())))
+    assert "NOT enwik8" in p["summary"]["corpus"]
+    json.dumps(p)
