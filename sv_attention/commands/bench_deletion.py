@@ -6,7 +6,8 @@ size n, a uniformly chosen victim per trial. Per size: the median wall time of o
 build included), their ratio (measured in the same run, trial by trial, interleaved), the same three
 numbers in process CPU time (steadier on a shared machine), the time to admit the n keys one at a time,
 and the worst decision-function deviation between the two (a correctness check riding along). A victim
-in the reserve set costs no walk (alpha = 0); ``victim_was_reserve`` gives that fraction.
+in the reserve set costs no walk (alpha = 0); ``victim_was_reserve`` gives that fraction, and the
+``*_sv`` fields repeat the medians over support-vector victims only.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ def bench_size(n: int, trials: int, rng: np.random.Generator, progress: Any = No
     for k in range(n):
         s.add(X[k : k + 1])
     admit_s, admit_cpu = time.perf_counter() - t0, time.process_time() - c0
-    del_t, ref_t, del_c, ref_c, devs, events, fallbacks = [], [], [], [], [], [], 0
+    del_t, ref_t, del_c, ref_c, devs, events, is_sv, fallbacks = [], [], [], [], [], [], [], 0
     for _ in range(trials):
         work = copy.deepcopy(s)  # a fresh state per deletion (not timed)
         victim = int(rng.integers(n))
+        is_sv.append(bool(s.alpha_of([victim])[0] > 0))
         c0, t0 = time.process_time(), time.perf_counter()
         rec = work.remove([victim])
         del_t.append(time.perf_counter() - t0)
@@ -59,6 +61,15 @@ def bench_size(n: int, trials: int, rng: np.random.Generator, progress: Any = No
         if progress is not None:
             progress.update(1)
     md, mr = float(np.median(del_t)), float(np.median(ref_t))
+    sv = np.array(is_sv)
+    sv_stats: dict[str, Any] = {"sv_victims": int(sv.sum())}
+    if sv.any():  # deletions of support vectors (alpha > 0): the ones that walk
+        d_sv, c_sv = float(np.median(np.array(del_t)[sv])), float(np.median(np.array(del_c)[sv]))
+        sv_stats.update({
+            "median_delete_sv_ms": 1e3 * d_sv, "median_delete_sv_cpu_ms": 1e3 * c_sv,
+            "ratio_sv": float(np.median(np.array(ref_t)[sv])) / d_sv,
+            "ratio_sv_cpu": float(np.median(np.array(ref_c)[sv])) / max(c_sv, 1e-9),
+        })
     return {
         "n": n, "C": s.C, "trials": trials, "partition_sizes": s.partition.sizes,
         "median_delete_ms": 1e3 * md, "median_refit_ms": 1e3 * mr, "ratio": mr / md,
@@ -67,7 +78,7 @@ def bench_size(n: int, trials: int, rng: np.random.Generator, progress: Any = No
         "ratio_cpu": float(np.median(ref_c)) / max(float(np.median(del_c)), 1e-9),
         "victim_was_reserve": float(np.mean([e == 0 for e in events])),
         "max_abs_f_deviation": float(max(devs)), "median_events": float(np.median(events)),
-        "fallbacks": fallbacks,
+        "fallbacks": fallbacks, **sv_stats,
     }
 
 
@@ -90,6 +101,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r['n']:>5} {r['median_delete_ms']:>10.3f} {r['median_refit_ms']:>10.2f} {r['ratio']:>7.0f}x "
               f"{r['ratio_cpu']:>9.0f}x {r['admit_all_s']:>12.3f} {r['admit_all_cpu_s']:>12.3f} "
               f"{r['max_abs_f_deviation']:>10.1e}")
+    print("support-vector victims only (alpha > 0, the deletions that walk):")
+    print(f"{'n':>5} {'victims':>8} {'delete ms':>10} {'ratio':>8} {'cpu ratio':>10}")
+    for r in rows:
+        if r["sv_victims"]:
+            print(f"{r['n']:>5} {r['sv_victims']:>8} {r['median_delete_sv_ms']:>10.3f} {r['ratio_sv']:>7.0f}x "
+                  f"{r['ratio_sv_cpu']:>9.0f}x")
     payload = {
         "setting": {"d": 6, "keys": "1.5*N(0,1)", "nu": 0.4, "sigma": 2.0, "C": "1/(nu*n)", "victim": "uniform",
                     "refit": "SMO (second-order WSS) + exact polish, Gram build included", "seed": args.seed},
