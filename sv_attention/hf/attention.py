@@ -278,6 +278,23 @@ def _ceq_history(state: HopState | None, key: torch.Tensor, q_len: int, signatur
     return [t.index_select(0, idx) for t in hist]
 
 
+def _require_queries_last(mask: torch.Tensor | None, q_len: int, kv_len: int, layer_idx: int | None) -> None:
+    """The hop engine needs query row r at key column ``kv_len - q_len + r`` (a dynamic cache's layout)."""
+    bad = False
+    if mask is None:
+        bad = 1 < q_len < kv_len  # sdpa's convention for an empty static cache: queries at the first columns
+    elif isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[-1] == kv_len:
+        vis = to_bool_mask(mask, q_len, kv_len)[:, 0]  # [b, q, kv]
+        has = vis.any(-1)
+        last = kv_len - 1 - vis.flip(-1).long().argmax(-1)  # last visible column of each row
+        want = torch.arange(kv_len - q_len, kv_len, device=vis.device)[None, :]
+        bad = bool(((last != want) & has).any())
+    if bad:
+        raise UnsupportedFeatureError(
+            f"ceq layer {layer_idx}: the queries are not the last key columns (a static / pre-allocated cache); "
+            "the hop engine needs a DynamicCache-style layout: generate with the default cache")
+
+
 def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                           **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -321,6 +338,8 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         raise UnsupportedFeatureError(
             f"ceq hops are causal (A is strictly lower-triangular) but layer {layer_idx} is not causal "
             "(an encoder); use alpha=0 or another attention implementation there")
+    if not stock_only:
+        _require_queries_last(attention_mask, query.shape[2], key.shape[2], layer_idx)
     common = dict(form=p["form"], operator=p["operator"], alpha=p["alpha"], hops=p["hops"], rho=p["rho"],
                   lam=p["lam"] if p["operator"] == "sgate" else None, scaling=scaling, dropout=float(dropout),
                   training=training or float(dropout) > 0.0, is_causal=causal)

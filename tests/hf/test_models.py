@@ -120,3 +120,19 @@ def test_minilm_encoder():
     sv_attention.enable(m, "ceq", alpha=0.1)
     with pytest.raises(UnsupportedFeatureError, match="causal"):
         m(**enc)
+
+
+def test_static_cache_sv_works_and_ceq_hops_refuse():
+    from transformers import StaticCache
+
+    m = tiny.llama()
+    sv_attention.enable(m, "sv_attention", nu=0.5, chunk=4)
+    full = full_logits(m, IDS[:, :10])
+    cache = StaticCache(config=m.config, max_cache_len=16)
+    with torch.no_grad():
+        first = m(IDS[:, :6], cache=cache, use_cache=True).logits
+        nxt = [m(IDS[:, t:t + 1], cache=cache, use_cache=True).logits for t in range(6, 10)]
+    assert (torch.cat([first, *nxt], 1) - full).abs().max() <= 1e-5
+    sv_attention.enable(m, "ceq", alpha=0.2)
+    with pytest.raises(UnsupportedFeatureError, match="static"), torch.no_grad():
+        m(IDS[:, :6], cache=StaticCache(config=m.config, max_cache_len=16), use_cache=True)
