@@ -299,7 +299,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, acceler
                       "grad_norm": float(grad_norm), "tokens_per_s": tps, "tokens_seen": step * tokens_per_step}
                 history.append(ev)
                 _append_log(log_path, ev)
-            if acc.is_main_process and (step % cfg.log_every == 0 or step == cfg.steps):
+            if step % cfg.log_every == 0 or step == cfg.steps:
                 recent = []
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 bpb = evaluate_bpb(model, windows, cfg.eval_batch_size, acc)
