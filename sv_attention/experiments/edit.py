@@ -15,7 +15,8 @@ Protocol (per trial, seeded ``numpy.random.default_rng([seed, trial])``):
    ``|o_edit - o_reference|``. (When the old binding is a reserve key of the joint fit, alpha = 0, decay
    leaves no trace either; the fraction of such trials is reported.) At the probes near the edited fact we also decode the readout to the
    nearest value among all values ever bound (old values and ``v_new``) and count how often the old
-   value comes back and how often the new one does.
+   value comes back and how often the new one does (the never-saw-old reference's rates are reported
+   beside them: a mixture of neighbours can land nearest to the old value by chance).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def run_edit(trials: int = 30, seed: int = 0, d: int = 4, n_facts: int = 15, sig
             "old_value_returned_exact": float((dec_exact == f).mean()),
             "new_value_returned_exact": float((dec_exact == new_id).mean()),
             "new_value_returned_reference": float((dec_ref == new_id).mean()),
+            "old_value_returned_reference": float((dec_ref == f).mean()),
             "kkt_max": float(max(rec_rm.kkt.max, rec_add.kkt.max)),
             "fallback": bool(rec_rm.fallback or rec_add.fallback),
             "decay": decay,
@@ -106,6 +108,7 @@ def run_edit(trials: int = 30, seed: int = 0, d: int = 4, n_facts: int = 15, sig
         "old_value_returned_exact": mean([r["old_value_returned_exact"] for r in rows]),
         "new_value_returned_exact": mean([r["new_value_returned_exact"] for r in rows]),
         "new_value_returned_reference": mean([r["new_value_returned_reference"] for r in rows]),
+        "old_value_returned_reference": mean([r["old_value_returned_reference"] for r in rows]),
         "old_binding_inert_in_joint_fit": mean([r["old_alpha_in_joint_fit"] == 0 for r in rows]),
         "fallbacks": int(sum(r["fallback"] for r in rows)),
         "decay": sd,

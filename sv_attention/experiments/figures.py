@@ -85,6 +85,9 @@ def _edit(p: dict[str, Any], fig: Any) -> None:
     ax2.set_xticks(list(xs), labels)
     ax2.set_ylim(0, 1)
     ax2.legend(fontsize=8)
+    if "old_value_returned_reference" in s:
+        ax2.set_title(f"never-saw-old reference: new {s['new_value_returned_reference']:.2f}, "
+                      f"old {s['old_value_returned_reference']:.2f}", fontsize=9)
     fig.suptitle(f"Exact editing ({p['parameters']['trials']} trials)")
 
 
