@@ -12,8 +12,10 @@ A is a strictly lower-triangular (j < i), signed ``[b, h, q, kv]`` matrix built 
 Forms (:func:`ceq_attention`):
 
 ``hybrid``
-    ``stock_attention(q, k, v) + sum_{h=1..K} (alpha A)^h v``; ``alpha = 0`` returns the stock
-    attention bitwise (the stock path *is* transformers' ``sdpa_attention_forward``).
+    ``stock_attention(q, k, v) + sum_{h=1..K} (alpha A)^h v``; ``alpha = 0`` (float or tensor) returns
+    the stock attention bitwise (the stock path *is* transformers' ``sdpa_attention_forward``). With
+    ``alpha != 0`` the stock softmax is, by default, computed inside the row-block engine from the same
+    logits as A (``fuse_stock``; equal to the SDPA path to rounding, faster and leaner).
 ``path_sum``
     ``(I + A + ... + A^K) v``.
 
@@ -178,17 +180,25 @@ def allowed_mask(mask: torch.Tensor | None, q_len: int, kv_len: int, device: tor
     return bm.to(device) & strict
 
 
-def visible_block(bm: torch.Tensor | None, off: int, r0: int, r1: int, e: int,
-                  device: torch.device) -> torch.Tensor:
-    """Visibility of keys ``[0, e)`` for query rows ``[r0, r1)`` (positions ``off + r``): strict causality
-    and the caller's boolean mask ``bm`` (``[b|1, h|1, q_len|1, kv_len]`` or None). Shape
-    ``[b|1, h|1, r1 - r0, e]``; built per row block so no ``[s, s]`` mask is kept."""
+def visible_block(bm: torch.Tensor | None, off: int, r0: int, r1: int, e: int, device: torch.device,
+                  mode: str = "strict") -> torch.Tensor:
+    """Visibility of keys ``[0, e)`` for query rows ``[r0, r1)`` (positions ``off + r``).
+
+    ``mode="strict"``: strict causality (j < position) and the caller's boolean mask ``bm``
+    (``[b|1, h|1, q_len|1, kv_len]`` or None) — the ceq matrix A. ``"causal"``: j <= position and ``bm``
+    — stock attention with no 4-D mask. ``"mask"``: ``bm`` alone — stock attention with a 4-D mask (SDPA
+    reads such a mask without adding causality). Shape ``[b|1, h|1, r1 - r0, e]``; built per row block so
+    no ``[s, s]`` mask is kept.
+    """
+    rows = None
+    if bm is not None:
+        rows = (bm[..., :, :e] if bm.shape[-2] == 1 else bm[..., r0:r1, :e]).to(device)
+        if mode == "mask":
+            return rows.expand(*rows.shape[:-2], r1 - r0, e)
     pos = torch.arange(off + r0, off + r1, device=device)[:, None]
-    vis = (torch.arange(e, device=device)[None, :] < pos)[None, None]
-    if bm is None:
-        return vis
-    rows = bm[..., :, :e] if bm.shape[-2] == 1 else bm[..., r0:r1, :e]
-    return vis & rows.to(device)
+    cols = torch.arange(e, device=device)[None, :]
+    vis = ((cols < pos) if mode == "strict" else (cols <= pos))[None, None]
+    return vis if rows is None else vis & rows
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -326,45 +336,53 @@ def _grouped(x: torch.Tensor, hkv: int) -> torch.Tensor:
     return x.reshape(b, hkv, (h // hkv) * c, n)
 
 
+def _masked_probs(w: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:
+    """Fused softmax of ``w`` over visible keys; rows with no visible key are exactly 0."""
+    bias = torch.zeros(vis.shape, dtype=w.dtype, device=w.device).masked_fill_(~vis, torch.finfo(w.dtype).min / 2)
+    p = torch.softmax(w + bias, dim=-1)
+    has = vis.any(dim=-1, keepdim=True)
+    if not bool(has.all()):
+        p.mul_(has)
+    return p
+
+
 def _block_a(qs: torch.Tensor, k: torch.Tensor, vis: torch.Tensor, params: CeqParams,
-             need_parts: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """A for one row block.
+             need_parts: bool, vis_stock: torch.Tensor | None = None,
+             ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor | None]:
+    """A for one row block (and, optionally, the stock softmax of the same logits).
 
     Parameters
     ----------
     qs : ``[b, h, c, d]`` queries already multiplied by the logit scale.
     k : ``[b, h_kv, e, d]`` keys ``[0, e)``.
-    vis : bool ``[b|1, h|1, c, e]`` visibility (:func:`visible_block`).
+    vis : bool ``[b|1, h|1, c, e]`` visibility of A (:func:`visible_block`, strict).
     need_parts : keep what the backward needs (the two softmaxes / the masked logits).
+    vis_stock : bool visibility of the stock softmax, or None to skip it.
 
     Returns
     -------
-    A ``[b, h, c, e]`` and the parts tuple. Fused ``torch.softmax`` on logits with an additive
-    ``finfo.min / 2`` bias on hidden keys; rows with no visible key are zeroed afterwards.
+    A ``[b, h, c, e]``, the parts tuple, and the stock probabilities ``[b, h, c, e]`` (or None). Fused
+    ``torch.softmax`` on logits with an additive ``finfo.min / 2`` bias on hidden keys; rows with no
+    visible key are zeroed afterwards.
     """
     b, h, c, _ = qs.shape
     hkv, e = k.shape[1], k.shape[2]
     w = torch.matmul(_grouped(qs, hkv), k.transpose(-1, -2)).view(b, h, c, e)
-    has = vis.any(dim=-1, keepdim=True)
+    ps = None if vis_stock is None else _masked_probs(w, vis_stock)
     if params.operator == "sgate":
-        bias = torch.zeros(vis.shape, dtype=w.dtype, device=w.device).masked_fill_(~vis, torch.finfo(w.dtype).min / 2)
-        pp = torch.softmax(w + bias, dim=-1)
-        torch.sub(bias, w, out=w)
-        pm = torch.softmax(w, dim=-1)
+        pp = _masked_probs(w, vis)
+        pm = _masked_probs(w.neg_(), vis)
         del w
-        if not bool(has.all()):
-            pp.mul_(has)
-            pm.mul_(has)
         if need_parts:
             a = torch.add(pp, pm, alpha=-params.lam).mul_(params.rho / (1.0 + params.lam))
-            return a, (pp, pm)
+            return a, (pp, pm), ps
         a = pp.sub_(pm, alpha=params.lam).mul_(params.rho / (1.0 + params.lam))
-        return a, ()
+        return a, (), ps
     wt = w.mul_(vis)
     s = wt.abs().sum(dim=-1, keepdim=True)
     s = torch.where(s > 0, s, torch.ones_like(s))
     a = wt * (params.rho / s)
-    return a, ((wt, s, vis) if need_parts else ())
+    return a, ((wt, s, vis) if need_parts else ()), ps
 
 
 def _block_a_backward(da: torch.Tensor, parts: tuple[torch.Tensor, ...], params: CeqParams) -> torch.Tensor:
@@ -381,11 +399,10 @@ def _block_a_backward(da: torch.Tensor, parts: tuple[torch.Tensor, ...], params:
 
 
 def auto_chunk(kv_len: int) -> int:
-    """Default row-block size, between 16 and 128 rows: about 32k entries of A per head per block up to
-    kv_len 512 (64-row blocks keep the matmuls efficient), 16k beyond (peak training memory stays within
-    about 2x SDPA's at kv_len 1024; ``sv-attention bench ceq`` measures both)."""
-    budget = 32768 if kv_len <= 512 else 16384
-    return int(max(16, min(128, budget // max(kv_len, 1))))
+    """Default row-block size: about 32k entries of A per head per block, between 16 and 128 rows (64 at
+    kv_len 512, 32 at 1024: efficient matmuls, and peak training memory of the fused hybrid within about
+    1.6x SDPA's at kv_len 1024; ``sv-attention bench ceq`` measures both)."""
+    return int(max(16, min(128, 32768 // max(kv_len, 1))))
 
 
 def _chunks(q_len: int, chunk: int) -> list[tuple[int, int]]:
@@ -416,68 +433,83 @@ def hops_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bm: torch.Te
     list of K tensors ``[b, h, kv_len, d]``: ``y_1 .. y_K`` on all positions (history rows copied in;
     ``y_K`` history rows are zero, never needed).
     """
+    return _hops_forward(q, k, v, bm, params, sc, history, chunk_size, None)[0]
+
+
+def _hops_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bm: torch.Tensor | None, params: CeqParams,
+                  sc: float, history: list[torch.Tensor] | None, chunk_size: int | None, stock: str | None,
+                  ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """:func:`hops_forward`, plus the stock softmax attention of the query rows when ``stock`` is
+    ``"causal"`` / ``"mask"`` (visibility mode of :func:`visible_block`)."""
     b, h, q_len, d = q.shape
     hkv, kv_len = k.shape[1], k.shape[2]
     dv = v.shape[-1]
     off = kv_len - q_len
     K = params.hops
+    if off > 0 and K > 1 and (history is None or len(history) != K - 1):
+        raise InvalidInputError(f"decoding {q_len} queries after {off} positions needs the hop history "
+                                f"y_1..y_{K - 1} of those positions (use a HopCache)")
     # every query row is written below; only the history rows need filling (zeros for y_K, never read)
     bufs = [q.new_empty(b, h, kv_len, dv) for _ in range(K)]
     if off > 0:
         bufs[K - 1][:, :, :off] = 0
-    if off > 0:
-        if K > 1 and (history is None or len(history) != K - 1):
-            raise InvalidInputError(f"decoding {q_len} queries after {off} positions needs the hop history "
-                                    f"y_1..y_{K - 1} of those positions (use a HopCache)")
         for hh in range(1, K):
             bufs[hh - 1][:, :, :off] = history[hh - 1]
+    out0 = None if stock is None else q.new_empty(b, h, q_len, dv)
     for r0, r1 in _chunks(q_len, chunk_size or auto_chunk(kv_len)):
         e = off + r1
-        qc = q[:, :, r0:r1]
-        vis = visible_block(bm, off, r0, r1, e, q.device)
-        a, _ = _block_a(qc * sc, k[:, :, :e], vis, params, need_parts=False)
         c = r1 - r0
+        vis = visible_block(bm, off, r0, r1, e, q.device)
+        vs = None if stock is None else visible_block(bm, off, r0, r1, e, q.device, mode=stock)
+        a, _, ps = _block_a(q[:, :, r0:r1] * sc, k[:, :, :e], vis, params, need_parts=False, vis_stock=vs)
+        if ps is not None:
+            out0[:, :, r0:r1] = torch.matmul(_grouped(ps, hkv), v[:, :, :e]).view(b, h, c, dv)
+            del ps
         y = torch.matmul(_grouped(a, hkv), v[:, :, :e]).view(b, h, c, dv)
         bufs[0][:, :, off + r0:off + r1] = y
         for hh in range(2, K + 1):
             y = torch.matmul(a, bufs[hh - 2][:, :, :e])
             bufs[hh - 1][:, :, off + r0:off + r1] = y
-    return bufs
+    return bufs, out0
 
 
 class CeqHopsFunction(torch.autograd.Function):
-    """``Y = sum_h coef[h-1] * y_h`` on the query rows, memory-lean.
+    """``Y = [stock] + sum_h coef[h-1] * y_h`` on the query rows, memory-lean.
 
     Saves q, k, v, coef and the hop outputs (``O(s d)`` each); recomputes A one row block at a time in
     backward (blocks in reverse order, since A^T is upper-triangular). Gradients flow to q, k, v and coef;
     the hop history of earlier positions (decoding) is treated as a constant.
 
-    ``apply(q, k, v, coef, bm, params, sc, history, chunk_size, sink)``; ``sink`` (a list or None)
-    receives the hop outputs (detached) for a hop cache.
+    ``apply(q, k, v, coef, bm, params, sc, history, chunk_size, sink, stock)``; ``sink`` (a list or None)
+    receives the hop outputs (detached) for a hop cache; ``stock`` (None, ``"causal"`` or ``"mask"``) adds
+    the stock softmax attention computed from the same logits (the fused hybrid path).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, coef, bm, params, sc, history, chunk_size, sink):  # noqa: D102
+    def forward(ctx, q, k, v, coef, bm, params, sc, history, chunk_size, sink, stock=None):  # noqa: D102
         with torch.no_grad():
-            bufs = hops_forward(q, k, v, bm, params, sc, history, chunk_size)
+            bufs, out0 = _hops_forward(q, k, v, bm, params, sc, history, chunk_size, stock)
             off = k.shape[2] - q.shape[2]
             out = sum(coef[i] * bufs[i][:, :, off:] for i in range(params.hops))
+            if out0 is not None:
+                out = out0.add_(out)
         if sink is not None:
             sink.extend(bufs)
         ctx.save_for_backward(q, k, v, coef, *bufs)
         ctx.bm = bm  # the caller's (non-differentiable) mask; kept by reference, never expanded to [s, s]
-        ctx.params, ctx.sc, ctx.chunk = params, sc, chunk_size
+        ctx.params, ctx.sc, ctx.chunk, ctx.stock = params, sc, chunk_size, stock
         return out
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
         q, k, v, coef, *bufs = ctx.saved_tensors
-        params, sc, chunk = ctx.params, ctx.sc, ctx.chunk
+        params, sc, chunk, stock = ctx.params, ctx.sc, ctx.chunk, ctx.stock
         K = params.hops
         b, h, q_len, d = q.shape
         hkv, kv_len = k.shape[1], k.shape[2]
         dv_dim = v.shape[-1]
         off = kv_len - q_len
+        chunk = chunk or auto_chunk(kv_len)
         g = g.contiguous()
         dcoef = torch.stack([(g * bufs[i][:, :, off:]).sum() for i in range(K)]).to(coef.dtype)
         acc = [torch.zeros_like(v)] + [q.new_zeros(b, h, kv_len, dv_dim) for _ in range(1, K)]
@@ -486,10 +518,10 @@ class CeqHopsFunction(torch.autograd.Function):
         for r0, r1 in reversed(_chunks(q_len, chunk)):
             e = off + r1
             c = r1 - r0
-            qc = q[:, :, r0:r1]
             vis = visible_block(ctx.bm, off, r0, r1, e, q.device)
-            qs = qc * sc
-            a, parts = _block_a(qs, k[:, :, :e], vis, params, need_parts=True)
+            vs = None if stock is None else visible_block(ctx.bm, off, r0, r1, e, q.device, mode=stock)
+            qs = q[:, :, r0:r1] * sc
+            a, parts, ps = _block_a(qs, k[:, :, :e], vis, params, need_parts=True, vis_stock=vs)
             gc = g[:, :, r0:r1]
             gy: list[torch.Tensor | None] = [None] * (K + 1)
             for hh in range(K, 0, -1):
@@ -507,10 +539,16 @@ class CeqHopsFunction(torch.autograd.Function):
             del a
             dw = _block_a_backward(da, parts, params)
             del da, parts
+            if ps is not None:
+                gcg = _grouped(gc, hkv)
+                acc[0][:, :, :e] += torch.matmul(_grouped(ps, hkv).transpose(-1, -2), gcg)
+                dps = torch.matmul(gcg, v[:, :, :e].transpose(-1, -2)).view(b, h, c, e)
+                dw += torch._softmax_backward_data(dps, ps, -1, dps.dtype)
+                del dps, ps
             dwg = _grouped(dw, hkv)
             dq[:, :, r0:r1] = torch.matmul(dwg, k[:, :, :e]).view(b, h, c, d).mul_(sc)
             dk[:, :, :e] += torch.matmul(dwg.transpose(-1, -2), _grouped(qs, hkv))
-        return dq, dk, acc[0], dcoef, None, None, None, None, None, None
+        return dq, dk, acc[0], dcoef, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -535,12 +573,26 @@ def _check_alpha(alpha: float | torch.Tensor) -> None:
         raise InvalidHyperparameterError(f"alpha must be a finite float or 0-dim tensor, got {alpha!r}")
 
 
+def _fused_stock_mode(mask: torch.Tensor | None, bm: torch.Tensor | None, q_len: int, kv_len: int,
+                      device: torch.device) -> str | None:
+    """Visibility mode of the stock softmax for the fused path, or None when it cannot be fused.
+
+    No mask / a 2-D padding mask: causal (``j <= position``, and the padding), as :func:`stock_attention`
+    builds it. A 4-D mask: the mask alone (SDPA's reading), fusable only when it hides every future key
+    (each row block of the fused path reads keys up to its last query's position only).
+    """
+    if mask is None or mask.dim() == 2:
+        return "causal"
+    future = ~causal_mask(q_len, kv_len, device=device)[None, None]
+    return None if bool((bm.to(device) & future).any()) else "mask"
+
+
 def ceq_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
                   form: str = "hybrid", operator: str = "sgate", alpha: float | torch.Tensor = 1.0,
                   hops: int | None = None, rho: float | None = None, lam: float | None = None,
                   scaling: float | None = None, dropout: float = 0.0, training: bool = False,
                   return_weights: bool = False, is_causal: bool | None = None,
-                  chunk_size: int | None = DEFAULT_CHUNK, _history: list[torch.Tensor] | None = None,
+                  chunk_size: int | None = DEFAULT_CHUNK, fuse_stock: bool = True, _history: list[torch.Tensor] | None = None,
                   _sink: list[torch.Tensor] | None = None,
                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """ceq attention: ``hybrid`` (stock + sum_h (alpha A)^h v) or ``path_sum`` ((I + A + ... + A^K) v).
@@ -577,6 +629,12 @@ def ceq_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     chunk_size : int, optional
         Rows of A built at once (memory / speed trade-off); None picks :func:`auto_chunk` ``(kv_len)``
         (about 32k entries of A per head per block).
+    fuse_stock : bool
+        Hybrid with ``alpha != 0``: compute the stock softmax attention inside the row-block engine from
+        the same logits (one QK^T for both; no separate SDPA call), which is faster and leaner. It equals
+        the SDPA stock path to rounding (not bitwise). Not used (SDPA is called) when alpha is 0 (float or
+        tensor: the bitwise guarantee), with active dropout, for a non-causal module, or for a 4-D mask
+        that shows future keys. False always calls SDPA.
 
     Returns
     -------
@@ -605,17 +663,26 @@ def ceq_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
         out = stock_attention(q, k, v, mask, scaling=scaling, dropout=dropout, training=training,
                               is_causal=is_causal)
     else:
+        alpha_zero = skip_hops or (isinstance(alpha, torch.Tensor) and float(alpha.detach()) == 0.0)
+        stock_mode = None
+        if form == "hybrid" and fuse_stock and not alpha_zero and not (training and dropout > 0) \
+                and is_causal is not False:
+            stock_mode = _fused_stock_mode(mask, bm, q_len, kv_len, q.device)
         coef = _coef(alpha, form, params.hops, q)
         need_grad = torch.is_grad_enabled() and any(
             t.requires_grad for t in (q, k, v, coef))
         if need_grad:
-            y = CeqHopsFunction.apply(q, k, v, coef, bm, params, sc, _history, int(chunk_size), _sink)
+            y = CeqHopsFunction.apply(q, k, v, coef, bm, params, sc, _history, int(chunk_size), _sink, stock_mode)
         else:
-            bufs = hops_forward(q, k, v, bm, params, sc, _history, int(chunk_size))
+            bufs, out0 = _hops_forward(q, k, v, bm, params, sc, _history, int(chunk_size), stock_mode)
             if _sink is not None:
                 _sink.extend(bufs)
             y = sum(coef[i] * bufs[i][:, :, off:] for i in range(params.hops))
-        if form == "hybrid":
+            if out0 is not None:
+                y = out0.add_(y)
+        if form == "hybrid" and stock_mode is not None:
+            out = y  # stock softmax already inside, from the same logits
+        elif form == "hybrid":
             stock = stock_attention(q, k, v, mask, scaling=scaling, dropout=dropout, training=training,
                                     is_causal=is_causal)
             out = stock if skip_hops else stock + y

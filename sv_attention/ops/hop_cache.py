@@ -144,7 +144,7 @@ def ceq_attention_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
                          alpha: float | torch.Tensor = 1.0, hops: int | None = None, rho: float | None = None,
                          lam: float | None = None, scaling: float | None = None, dropout: float = 0.0,
                          training: bool = False, is_causal: bool | None = None,
-                         chunk_size: int | None = DEFAULT_CHUNK) -> torch.Tensor:
+                         chunk_size: int | None = DEFAULT_CHUNK, fuse_stock: bool = True) -> torch.Tensor:
     """:func:`sv_attention.ops.ceq.ceq_attention` with a hop cache: prefill fills it, decode extends it.
 
     Parameters
@@ -155,7 +155,7 @@ def ceq_attention_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
         This layer's cache. ``q_len == kv_len``: prefill — the cache is reset and filled.
         ``q_len < kv_len``: decode — the cache must hold exactly ``kv_len - q_len`` positions, filled with
         the same operator / rho / lam / hops / scaling; it is extended by ``q_len`` positions.
-    form, operator, alpha, hops, rho, lam, scaling, dropout, training, is_causal, chunk_size
+    form, operator, alpha, hops, rho, lam, scaling, dropout, training, is_causal, chunk_size, fuse_stock
         As for :func:`ceq_attention`.
 
     Returns
@@ -190,7 +190,7 @@ def ceq_attention_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     out = ceq_attention(q, k, v, mask, form=form, operator=operator, alpha=alpha, hops=params.hops,
                         rho=params.rho, lam=params.lam if params.operator == "sgate" else None, scaling=scaling,
                         dropout=dropout, training=training, is_causal=is_causal, chunk_size=chunk_size,
-                        _history=history, _sink=sink)
+                        fuse_stock=fuse_stock, _history=history, _sink=sink)
     hop_cache.fill(sink, signature)
     return out
 

@@ -106,7 +106,7 @@ def test_fast_matches_reference_values_and_grads(operator, form):
 @pytest.mark.parametrize("operator", ["sgate", "signed"])
 @pytest.mark.parametrize("form", ["hybrid", "path_sum"])
 def test_gradcheck_fp64(operator, form):
-    q, k, v = _qkv(b=1, h=2, hkv=1, s=5, d=3, grad=True, seed=3)
+    q, k, v = _qkv(b=1, h=2, hkv=1, s=4, d=2, grad=True, seed=3)
     alpha = torch.tensor(0.6, dtype=F64, requires_grad=True)
 
     def f(q, k, v, alpha):
@@ -244,3 +244,35 @@ def test_return_weights_and_fp32_close_to_reference():
     assert a.shape == (2, 4, 9, 9)
     ref = ceq_attention_reference(q, k, v, _pad(), alpha=0.5)
     assert _rel(out, ref) < 1e-6
+
+
+@pytest.mark.parametrize("operator", ["sgate", "signed"])
+def test_fused_stock_matches_sdpa_stock_path(operator):
+    q, k, v = _qkv(grad=True)
+    alpha = torch.tensor(0.4, dtype=F64, requires_grad=True)
+    m4 = torch.tril(torch.ones(9, 9, dtype=torch.bool))[None, None].expand(2, 1, 9, 9).clone()
+    m4[1, :, :, :2] = False
+    m4[1, :, :2, 0] = True  # keep every row non-empty (SDPA's empty rows are NaN, the fused path's 0)
+    for mask in (None, _pad(), m4):
+        fused = ceq_attention(q, k, v, mask, operator=operator, alpha=alpha, chunk_size=4)
+        plain = ceq_attention(q, k, v, mask, operator=operator, alpha=alpha, chunk_size=4, fuse_stock=False)
+        rows = slice(3, None) if mask is not None else slice(None)  # padded query rows: SDPA NaN vs 0
+        assert _rel(fused[:, :, rows], plain[:, :, rows]) < 1e-13
+        go = torch.randn_like(fused)
+        go[:, :, :3] = 0 if mask is not None else go[:, :, :3]
+        g1 = torch.autograd.grad(fused, (q, k, v, alpha), go)
+        g2 = torch.autograd.grad(plain, (q, k, v, alpha), go)
+        for a, b in zip(g1, g2, strict=True):
+            assert _rel(a, b) < 1e-12
+    # decode rows (queries at the end) and no-grad path
+    with torch.no_grad():
+        assert _rel(ceq_attention(q[:, :, -1:], k, v, alpha=0.4, form="hybrid", _history=None, hops=1),
+                    ceq_attention(q[:, :, -1:], k, v, alpha=0.4, hops=1, fuse_stock=False)) < 1e-13
+
+
+def test_non_causal_4d_mask_is_not_fused():
+    q, k, v = _qkv()
+    full = torch.ones(2, 1, 9, 9, dtype=torch.bool)  # shows future keys to the stock path
+    a = ceq_attention(q, k, v, full, alpha=0.4)
+    b = ceq_attention(q, k, v, full, alpha=0.4, fuse_stock=False)
+    assert torch.equal(a, b)
