@@ -50,6 +50,7 @@ reordering) is refused.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import time
 import warnings
@@ -62,6 +63,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from sv_attention.errors import (
     DuplicateIdError,
     InvalidInputError,
+    SolverError,
+    SVAttentionError,
     UnknownIdError,
     UnsupportedFeatureError,
 )
@@ -78,7 +81,7 @@ from sv_attention.hf.cache_receipts import (
     SolverDeletion,
 )
 from sv_attention.hf.cache_solvers import SolverBank
-from sv_attention.hf.gate_handoff import GateHandoff, set_pending_gate
+from sv_attention.hf.gate_handoff import GateHandoff, clear_pending_gates, set_pending_gate
 from sv_attention.hf.policies import CertifiedPolicy, PolicyContext
 from sv_attention.hf.settings import SV_NAME, SVSettings, settings_from_config
 
@@ -213,6 +216,25 @@ class CertifiedLayer(CacheLayerMixin):
     def offload_bytes(self) -> int:
         return sum(k.nbytes + v.nbytes for kv in self.evicted.values() if kv is not None for k, v in [kv])
 
+    _SNAPSHOT_FIELDS = ("keys", "values", "positions", "seen", "admitted_upto", "is_initialized", "device")
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything a mutation may change, for :meth:`rollback`.
+
+        The key/value/position tensors are kept by reference (every mutation builds new tensors, none
+        writes in place); the solvers are deep-copied (they are updated in place).
+        """
+        st = {f: getattr(self, f, None) for f in self._SNAPSHOT_FIELDS}
+        st.update(bank=copy.deepcopy(self.bank), evicted=dict(self.evicted), forgotten=set(self.forgotten))
+        return st
+
+    def rollback(self, st: dict[str, Any]) -> None:
+        """Return to the state :meth:`snapshot` recorded."""
+        for f in self._SNAPSHOT_FIELDS:
+            setattr(self, f, st[f])
+        self.bank, self.evicted, self.forgotten = st["bank"], st["evicted"], st["forgotten"]
+        self.invalidate_snapshot()
+
 
 class CertifiedCache(Cache):
     """A transformers ``Cache`` with certified eviction and exact deletion (see the module docstring).
@@ -301,6 +323,29 @@ class CertifiedCache(Cache):
                                          query_positions=qpos))
         return layer.keys, layer.values
 
+    # ------------------------------------------------------------------ transactions
+    def _transaction(self, what: str, fn: Any, *args: Any) -> Any:
+        """Run ``fn(*args)``; if it raises, put every layer back as it was and re-raise.
+
+        Typed sv-attention errors are re-raised as they are; any other exception (an unexpected solver or
+        model failure in the middle of the mutation) becomes a :class:`SolverError` naming ``what``. Either
+        way the cache is exactly as before the call (slots, positions, solvers, offload tier, forgotten
+        set, restore events) and no gate is left pending for another call.
+        """
+        snaps = [layer.snapshot() for layer in self.layers]
+        n_events = len(self.restore_events)
+        try:
+            return fn(*args)
+        except BaseException as exc:
+            for layer, st in zip(self.layers, snaps, strict=True):
+                layer.rollback(st)
+            del self.restore_events[n_events:]
+            clear_pending_gates()
+            if isinstance(exc, SVAttentionError) or not isinstance(exc, Exception):
+                raise
+            raise SolverError(f"{what} failed part-way ({type(exc).__name__}: {exc}); the cache was rolled back "
+                              "to its state before the call, nothing was evicted or deleted") from exc
+
     def _gate_consumed(self) -> bool:
         """True when the model runs the ``"sv_attention"`` function, which consumes the deposited gate
         (read live from the config, so ``set_attn_implementation`` after building the cache counts).
@@ -329,7 +374,7 @@ class CertifiedCache(Cache):
         transformers 5.x convention), ``max_length >= 0`` keeps that many positions."""
         seen = self.get_seq_length()
         m = seen + max_length if max_length < 0 else min(max_length, seen)
-        self._truncate(max(0, m))
+        self._transaction(f"crop({max_length})", self._truncate, max(0, m))
 
     # ------------------------------------------------------------------ gate
     def _gate(self, layer: CertifiedLayer, p0: int, q: int) -> torch.Tensor:
@@ -460,6 +505,8 @@ class CertifiedCache(Cache):
         UnsupportedFeatureError
             The model does not run the ``"sv_attention"`` function (or the gate is disabled): the gate
             would not be applied, so no eviction is certified. The cache is unchanged.
+        SolverError
+            An unexpected failure part-way; the cache is rolled back to its state before the call.
         """
         self._check_certifiable()
         if budget is not None:
@@ -471,9 +518,8 @@ class CertifiedCache(Cache):
                     f"(C = {self.C:.4g}): no certificate exists for fewer keys; pass budget >= {self.warmup_size}")
         t0 = time.perf_counter()
         mem0 = self.memory_bytes()
-        out = []
-        for layer in self.layers:
-            out.append(self._evict_layer(layer, budget))
+        out = self._transaction(f"evict(budget={budget})",
+                                lambda: [self._evict_layer(layer, budget) for layer in self.layers])
         met = budget is None or all(le.n_slots_after <= budget for le in out)
         return EvictionReceipt(layers=tuple(out), budget=budget, budget_met=met, memory_bytes_before=mem0,
                                memory_bytes_after=self.memory_bytes(),
@@ -496,6 +542,7 @@ class CertifiedCache(Cache):
         if not ok:
             return skipped(reason, kkt)
         frac = bank.reserve_fraction()
+        alpha_before = bank.alpha_dense(layer.admitted_upto, torch.float64, torch.device("cpu"))  # [b, h, adm]
         bank.evict_reserve()
         active = bank.active_positions()
         cand = pos[pos < layer.admitted_upto]
@@ -514,8 +561,9 @@ class CertifiedCache(Cache):
                                         vs[:, :, n].to(self.offload_device, copy=True))
             layer.drop_positions(set(drop))
         _, _, kkt = bank.certified()
+        max_alpha = float(alpha_before[:, :, drop].max()) if drop else 0.0
         return LayerEviction(layer.layer_idx, True, reason, n0, layer.n_slots, n_adm, n_local, frac, tuple(drop),
-                             len(drop) / n_adm if n_adm else 0.0, kkt)
+                             len(drop) / n_adm if n_adm else 0.0, kkt, max_alpha)
 
     # ------------------------------------------------------------------ deletion
     def _check_positions(self, positions: Any) -> list[int]:
@@ -579,8 +627,11 @@ class CertifiedCache(Cache):
             The model does not run the ``"sv_attention"`` attention function.
         InfeasibleBoxError
             A solver would keep fewer than ``1/C`` keys (``n * C < 1``) after the deletion.
+        SolverError
+            An unexpected failure part-way (a solver, or the model when re-encoding).
 
-        Every error leaves the cache unchanged.
+        Every error leaves the cache unchanged: input errors are decided before any mutation, and a
+        failure part-way rolls the cache back to a snapshot taken at the start of the call.
         """
         t0 = time.perf_counter()
         if not self._gate_consumed():
@@ -596,12 +647,14 @@ class CertifiedCache(Cache):
             if input_ids.shape[1] != self.get_seq_length():
                 raise InvalidInputError(f"input_ids has {input_ids.shape[1]} positions, the cache has seen "
                                         f"{self.get_seq_length()}; pass the ids of every cached position")
-            return self._forget_reencode(lst, model, input_ids, t0)
+            return self._transaction(f"forget({lst}, reencode=True)", self._forget_reencode, lst, model,
+                                     input_ids, t0)
         for layer in self.layers:
             if layer.bank is not None:
                 layer.bank.check_removable([p for p in lst if p in layer.bank.history])
-        # Every refusal (range, repeats, already forgotten, n*C < 1) is decided above, before any mutation.
-        return self._forget(lst, verify, t0, self.memory_bytes())
+        # Every refusal (range, repeats, already forgotten, n*C < 1) is decided above, before any mutation;
+        # an unexpected failure part-way (a solver error) rolls the whole cache back.
+        return self._transaction(f"forget({lst})", self._forget, lst, verify, t0, self.memory_bytes())
 
     def _forget(self, lst: list[int], verify: bool, t0: float, mem0: int) -> DeletionReceipt:
         paths: dict[int, str] = {}

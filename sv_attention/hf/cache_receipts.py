@@ -60,6 +60,9 @@ class LayerEviction:
         ``len(evicted_positions) / n_admitted`` (0 when nothing is admitted).
     kkt_max : float
         Largest KKT residual over the layer's solvers after the eviction (evicted keys re-checked).
+    max_evicted_alpha : float
+        Largest alpha, over every (batch row, kv-head) solver of the layer, that the physically evicted
+        tokens held just before the eviction (measured; 0.0 is what makes the eviction exact).
     """
 
     layer: int
@@ -73,16 +76,16 @@ class LayerEviction:
     evicted_positions: tuple[int, ...]
     realised_fraction: float
     kkt_max: float
+    max_evicted_alpha: float = 0.0
 
 
 @dataclass(frozen=True)
 class EvictionReceipt:
     """Receipt of :meth:`CertifiedCache.evict`.
 
-    ``max_abs_output_change`` is 0 by construction: only tokens with alpha exactly 0 in every
-    (batch, kv-head) solver of a layer leave that layer, so every later readout is unchanged; a later
-    admission that revives an evicted token restores it from the offload tier (see
-    :attr:`CertifiedCache.restore_events`).
+    Only tokens with alpha exactly 0 in every (batch, kv-head) solver of a layer leave that layer
+    (:attr:`max_evicted_alpha` measures it), so every later readout is unchanged; a later admission that
+    revives an evicted token restores it from the offload tier (see :attr:`CertifiedCache.restore_events`).
     """
 
     layers: tuple[LayerEviction, ...]
@@ -92,7 +95,11 @@ class EvictionReceipt:
     memory_bytes_after: int
     offload_bytes: int
     elapsed_s: float
-    max_abs_output_change: float = 0.0
+
+    @property
+    def max_evicted_alpha(self) -> float:
+        """Largest alpha any physically evicted token held in any solver when it was evicted (0.0 = exact)."""
+        return max((le.max_evicted_alpha for le in self.layers), default=0.0)
 
     @property
     def certified(self) -> bool:
@@ -115,13 +122,14 @@ class EvictionReceipt:
     def as_dict(self) -> dict[str, Any]:
         d = _as_dict(self)
         d.update(certified=self.certified, n_evicted=self.n_evicted, realised_fraction=self.realised_fraction,
-                 mean_reserve_fraction=self.mean_reserve_fraction)
+                 mean_reserve_fraction=self.mean_reserve_fraction, max_evicted_alpha=self.max_evicted_alpha)
         return d
 
     def summary(self) -> str:
         lines = [f"EvictionReceipt: evicted {self.n_evicted} slots (realised {self.realised_fraction:.1%} of admitted; "
                  f"mean per-head reserve {self.mean_reserve_fraction:.1%}); memory {self.memory_bytes_before} -> "
-                 f"{self.memory_bytes_after} bytes; budget {self.budget} met={self.budget_met}"]
+                 f"{self.memory_bytes_after} bytes; budget {self.budget} met={self.budget_met}; "
+                 f"max alpha of an evicted token {self.max_evicted_alpha:.1e}"]
         for le in self.layers:
             lines.append(f"  layer {le.layer}: {len(le.evicted_positions)} evicted, certified={le.certified} "
                          f"({le.reason}), kkt_max={le.kkt_max:.2e}")

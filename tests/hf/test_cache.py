@@ -15,13 +15,14 @@ from sv_attention.errors import (
     DuplicateIdError,
     InfeasibleBoxError,
     InvalidInputError,
+    SolverError,
     UnknownIdError,
     UnsupportedFeatureError,
 )
 from sv_attention.hf.cache import CertifiedCache
 from sv_attention.hf.cache_receipts import PATH_EXACT, PATH_LOCAL
 from sv_attention.hf.gate_handoff import clear_pending_gates, pop_pending_gate
-from sv_attention.svdd import refit
+from sv_attention.svdd import IncrementalSVDD, refit
 
 CHUNK = 8
 
@@ -68,7 +69,9 @@ def _state(cache: CertifiedCache) -> list:
     for layer in cache.layers:
         solvers = [] if layer.bank is None else [s.state_dict() for _, _, s in layer.bank.each()]
         out.append((layer.keys.clone(), layer.values.clone(), layer.positions.clone(), layer.seen,
-                    sorted(layer.forgotten), sorted(layer.evicted), solvers))
+                    sorted(layer.forgotten), sorted(layer.evicted), layer.admitted_upto,
+                    sorted(layer.bank.history) if layer.bank is not None else None,
+                    len(cache.restore_events), solvers))
     return out
 
 
@@ -76,8 +79,9 @@ def _assert_same_state(a: list, b: list) -> None:
     for la, lb in zip(a, b, strict=True):
         for x, y in zip(la[:3], lb[:3], strict=True):
             assert torch.equal(x, y)
-        assert la[3:6] == lb[3:6]
-        for sa, sb in zip(la[6], lb[6], strict=True):
+        assert la[3:9] == lb[3:9]
+        assert len(la[9]) == len(lb[9])
+        for sa, sb in zip(la[9], lb[9], strict=True):
             assert sa.keys() == sb.keys()
             for key in sa:
                 va, vb = sa[key], sb[key]
@@ -97,7 +101,7 @@ def test_counterexample_revived_token_is_restored_from_offload() -> None:
     solver = cache.layers[0].bank.solvers[0][0]
     assert solver.partition.reserve == (2,)
     rep = cache.evict()
-    assert rep.certified and rep.layers[0].evicted_positions == (2,)
+    assert rep.certified and rep.layers[0].evicted_positions == (2,) and rep.max_evicted_alpha == 0.0
     assert cache.layers[0].positions.tolist() == [0, 1, 3]
     assert rep.memory_bytes_after < rep.memory_bytes_before
     # admitting (0, -10) (at the next boundary) makes the old reserve key a support vector again
@@ -136,6 +140,7 @@ def test_certified_eviction_shrinks_memory_and_keeps_logits(model: LlamaForCausa
     before = [layer.keys.shape[-2] for layer in ev.layers]
     rep = ev.evict()
     assert rep.certified and rep.n_evicted > 0
+    assert rep.max_evicted_alpha == 0.0 and rep.as_dict()["max_evicted_alpha"] == 0.0
     after = [layer.keys.shape[-2] for layer in ev.layers]
     assert all(a <= b for a, b in zip(after, before, strict=True)) and sum(after) < sum(before)
     assert ev.memory_bytes() == rep.memory_bytes_after < rep.memory_bytes_before == ref.memory_bytes()
@@ -434,3 +439,74 @@ def test_eviction_keeps_logits_on_the_trained_sv_lm() -> None:
         worst = max(worst, float((a - b).abs().max()))
         tok = a[:, -1].argmax(-1, keepdim=True)
     assert worst <= 1e-5
+
+
+# ---------------------------------------------------------------------------------------------- transactions
+def _fail_on_call(monkeypatch: pytest.MonkeyPatch, cls: type, name: str, k: int) -> list[int]:
+    """Make the ``k``-th call (1-based) of ``cls.name`` raise RuntimeError after the earlier ones ran."""
+    orig, calls = getattr(cls, name), [0]
+
+    def patched(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == k:
+            raise RuntimeError("injected solver failure")
+        return orig(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, patched)
+    return calls
+
+
+def test_forget_rolls_back_when_a_solver_fails_part_way(model: LlamaForCausalLM,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(14)
+    ids = torch.randint(0, 64, (1, 28))
+    cache, _ = _prefill(model, ids)
+    cache.evict()
+    twin, _ = _prefill(model, ids)
+    twin.evict()
+    snap = _state(cache)
+    mem = {k: v for k, v in cache.memory_report().items() if k != "gate_bytes"}  # gate_bytes: a derived cache
+    calls = _fail_on_call(monkeypatch, IncrementalSVDD, "remove", 3)  # layer 1, after layer 0's solvers ran
+    victim = max(cache.layers[0].bank.history)
+    with pytest.raises(SolverError, match="rolled back"):
+        cache.forget([victim])
+    assert calls[0] == 3
+    _assert_same_state(snap, _state(cache))
+    assert {k: v for k, v in cache.memory_report().items() if k != "gate_bytes"} == mem
+    assert pop_pending_gate(0) is None
+    monkeypatch.undo()
+    # the rolled-back cache behaves exactly like one that never saw the failed call
+    ra, rb = cache.forget([victim], verify=True), twin.forget([victim], verify=True)
+    assert ra.max_refit_deviation < 1e-8 and rb.max_refit_deviation < 1e-8
+    _assert_same_state(_state(twin), _state(cache))
+    tok = torch.randint(0, 64, (1, 1))
+    assert torch.equal(_step(model, cache, tok), _step(model, twin, tok))
+
+
+def test_evict_rolls_back_when_a_layer_fails_part_way(model: LlamaForCausalLM,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from sv_attention.hf.cache_solvers import SolverBank
+
+    torch.manual_seed(15)
+    cache, _ = _prefill(model, torch.randint(0, 64, (1, 28)))
+    snap = _state(cache)
+    _fail_on_call(monkeypatch, SolverBank, "evict_reserve", 2)  # layer 0 evicted, layer 1 fails
+    with pytest.raises(SolverError, match="evict"):
+        cache.evict()
+    _assert_same_state(snap, _state(cache))
+    assert cache.memory_report()["offload_bytes"] == 0
+    monkeypatch.undo()
+    assert cache.evict().n_evicted > 0
+
+
+def test_reencode_rolls_back_when_the_model_fails(model: LlamaForCausalLM,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(16)
+    ids = torch.randint(0, 64, (1, 2 * CHUNK + 3))
+    cache, _ = _prefill(model, ids)
+    snap = _state(cache)
+    _fail_on_call(monkeypatch, type(model.model.layers[1]), "forward", 1)  # after layer 0 wrote its slots
+    with pytest.raises(SolverError, match="reencode=True"):
+        cache.forget([3], reencode=True, model=model, input_ids=ids)
+    _assert_same_state(snap, _state(cache))
+    assert pop_pending_gate(0) is None and pop_pending_gate(1) is None
