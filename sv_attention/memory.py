@@ -258,6 +258,11 @@ class CertifiedMemory:
 
         Evicted records no longer take part in queries (they never changed an answer); their keys stay
         with the solver so a later admission can re-check (and re-admit) them.
+
+        Raises
+        ------
+        WarmupError : fewer than ``ceil(1/C) + 2`` records: no certificate yet, nothing is evicted
+        InvalidInputError : a negative or non-integer budget
         """
         live = self._live_ids()
         if budget is None:

@@ -3,7 +3,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from sv_attention.errors import InvalidInputError, UnknownIdError
+from sv_attention.errors import InvalidInputError, UnknownIdError, WarmupError
 from sv_attention.memory import NO_RECORD, CertifiedMemory
 
 
@@ -98,3 +98,14 @@ def test_real_minilm_paraphrased_questions():
     mem.forget(ids[0])
     assert mem.query(NL_FACTS[0].question) == NO_RECORD
     assert [mem.query(f.question) for f in NL_FACTS[1:]] == [f.answer for f in NL_FACTS[1:]]
+
+
+def test_evict_in_warmup_is_refused_and_changes_nothing():
+    mem = CertifiedMemory(embed=bow_embed, C=0.25)  # certificate from ceil(1/C) + 2 = 6 records on
+    mem.add_many([t for t, _ in FACTS[:5]], [a for _, a in FACTS[:5]])
+    before = mem.alpha()
+    with pytest.raises(WarmupError):
+        mem.evict()
+    with pytest.raises(InvalidInputError):
+        mem.evict(budget=-1)
+    assert mem.alpha() == before and len(mem) == 5
