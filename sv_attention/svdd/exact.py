@@ -181,7 +181,8 @@ class IncrementalSVDD(ReadAPI):
 
     @property
     def in_warmup(self) -> bool:
-        return self._n < self.warmup_size
+        """True while the history (active + evicted keys) has fewer than ``ceil(1/C) + 2`` keys."""
+        return self._n + len(self._evicted) < self.warmup_size
 
     @property
     def has_solution(self) -> bool:
@@ -350,20 +351,47 @@ class IncrementalSVDD(ReadAPI):
         ------
         UnknownIdError : an id is neither active nor evicted
         DuplicateIdError : an id is repeated
-        InfeasibleBoxError : the deletion would leave ``n * C < 1`` (no feasible solution)
+        InfeasibleBoxError : the deletion would leave fewer than ``1/C`` keys in the history (active +
+            evicted), so ``n * C < 1`` and no feasible solution exists
+
+        Notes
+        -----
+        When the active keys alone could not absorb the deletion (``n_active * C < 1`` afterwards) but
+        evicted keys can, the evicted keys with the smallest ``g`` are re-admitted first (as reserve keys;
+        listed in ``readmitted``). The result is still the refit of the whole remaining history.
         """
         t0 = time.perf_counter()
         id_list = self._check_existing_ids(ids)
         active = [i for i in id_list if i in self._id_to_slot]
         n_after = self._n - len(active)
+        pre = 0
         if self._solved and active and not feasible(n_after, self.C):
             need = int(math.ceil(1.0 / self.C - 1e-9))
-            raise InfeasibleBoxError(
-                f"removing {len(active)} active keys leaves {n_after} keys, and {n_after}*C = {n_after * self.C:.6g}"
-                f" < 1 (C={self.C:.6g} is fixed): at least {need} keys are needed; remove fewer keys or add keys"
-                " first")
+            removing = set(id_list)
+            ev_left = sum(1 for i in self._evicted if i not in removing)
+            if not feasible(n_after + ev_left, self.C):
+                raise InfeasibleBoxError(
+                    f"removing {len(id_list)} keys leaves {n_after + ev_left} keys in the history, and "
+                    f"{n_after + ev_left}*C = {(n_after + ev_left) * self.C:.6g} < 1 (C={self.C:.6g} is fixed): at "
+                    f"least {need} keys are needed; remove fewer keys or add keys first")
+            pre = need - n_after
         guards0, events0 = Counter(self._guards), self._events
         fallback = False
+        pre_readmitted: list[int] = []
+        if pre > 0:  # let evicted keys take up the mass (they join as reserve keys first)
+            ev_ids = list(self._evicted)
+            ge = self._evicted_g()
+            removing = set(id_list)
+            for k in np.argsort(ge, kind="stable"):
+                if len(pre_readmitted) == pre:
+                    break
+                ident = ev_ids[int(k)]
+                if ident in removing:
+                    continue
+                x = self._evicted.pop(ident)
+                self._ev_stack = None
+                fallback |= self._admit(x, ident)
+                pre_readmitted.append(ident)
         for i in id_list:
             if i in self._evicted:
                 del self._evicted[i]
@@ -372,9 +400,10 @@ class IncrementalSVDD(ReadAPI):
                 fallback |= self._delete(self._id_to_slot[i])
         if self._solved and not self._S:
             self._finalize()  # rho is not unique with an empty margin set: re-centre it on the new history
-        readmitted: tuple[int, ...] = ()
+        readmitted: tuple[int, ...] = tuple(pre_readmitted)
         if active and self._solved:
-            readmitted, fb = self._recheck_evicted()
+            more, fb = self._recheck_evicted()
+            readmitted += more
             fallback |= fb
         return self._receipt(DeletionReceipt, tuple(id_list), t0, guards0, events0, fallback,
                              readmitted=readmitted)

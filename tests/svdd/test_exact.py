@@ -129,6 +129,26 @@ def test_evicted_keys_stay_evicted_when_still_inert_and_readouts_are_unchanged()
     np.testing.assert_allclose(s.alpha_of(hist_ids), ref.alpha, atol=1e-10, rtol=0)
 
 
+def test_deletion_after_heavy_eviction_draws_on_evicted_keys():
+    # after evicting every reserve key the active set is close to 1/C keys; deleting support vectors must
+    # re-admit evicted keys (the history still has plenty) instead of refusing, and stay exact
+    X = gaussian(30, 40, d=3, scale=0.6)
+    s = IncrementalSVDD(C=0.1, sigma=2.0)
+    s.add(X)
+    s.evict_reserve()
+    n_active = s.n
+    victims = list(s.partition.error[:3]) + list(s.partition.margin[:3])
+    assert n_active - len(victims) < 10  # the active keys alone would be infeasible (n * C < 1)
+    rec = s.remove(victims)
+    assert len(rec.readmitted) >= 10 - (n_active - len(victims))
+    hist = np.array(sorted(set(s.ids) | set(s.evicted_ids)))
+    assert len(hist) == 40 - len(victims)
+    ref = refit(X[hist], C=0.1, sigma=2.0, ids=hist)
+    np.testing.assert_allclose(s.alpha_of(hist), ref.alpha, atol=1e-10)
+    np.testing.assert_allclose(s.decision_function(X), ref.decision_function(X), atol=1e-10)
+    assert s.certificate().certified
+
+
 def test_margin_set_empties_mid_decrement():
     # Constructed case: S = {1, 6}; removing error key 5 drives both margin keys to the box (S empty)
     # while alpha_5 > 0; the walk then sweeps rho until a reserve key joins S (DESIGN §2.2).
@@ -239,7 +259,7 @@ def _bad_calls(s: IncrementalSVDD):
         (InvalidInputError, lambda: s.add(good, ids=[1.5, 2.5])),
         (UnknownIdError, lambda: s.remove([12345])),
         (DuplicateIdError, lambda: s.remove([int(s.ids[0]), int(s.ids[0])])),
-        (InfeasibleBoxError, lambda: s.remove(s.ids[: s.n - 2])),
+        (InfeasibleBoxError, lambda: s.remove(list(s.ids[: s.n - 2]) + list(s.evicted_ids))),
         (InvalidInputError, lambda: s.evict_reserve(max_keep=-1)),
         (InvalidInputError, lambda: s.decision_function(np.zeros((2, 3)))),
     ]
