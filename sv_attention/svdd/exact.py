@@ -794,7 +794,8 @@ class IncrementalSVDD(ReadAPI):
         K = self._K
         for attempt in range(6):  # at most one degenerate-margin pass + refinement steps
             sv = np.flatnonzero(alpha != 0.0)
-            h = 2.0 * (alpha[sv] @ K[sv, :n]) - 1.0
+            # K alpha over the support (a dense product beats a row gather once the support is large)
+            h = 2.0 * ((alpha @ K[:n, :n]) if 3 * sv.size > n else (alpha[sv] @ K[sv, :n])) - 1.0
             if not self._S:
                 self._rho = self._canonical_rho(alpha, h)
                 self._g[:n] = self._rho + h
