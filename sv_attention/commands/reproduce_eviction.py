@@ -16,11 +16,17 @@ Protocol (per trial; 60 trials by default):
   query is recalled when ``argmax o(q)`` is its group. Reported: recall on rare-group queries (the
   headline), dense-group queries and all queries.
 
-Streamed variant: the same keys arrive in a random order through the causal layer's
-:class:`~sv_attention.hf.cache.CertifiedCache` (one kv-head, chunk 6, offload on); after every chunk
-boundary the cache evicts every certified-inert token, and an online H2O (causal accumulated dot-product
-softmax mass, each arriving token attending to the tokens kept so far) and a random policy are cut to the same number of
-kept tokens at that moment (the online budget). Recall is read out over what each holds at the end.
+Streamed variant (:func:`stream_trial`): the same keys, in the same order (rare first), flow chunk by
+chunk (6 keys) through the causal layer's :class:`~sv_attention.hf.cache.CertifiedCache` (one kv-head,
+the chunk-frozen gate of DESIGN §2.5, C = 1 / (nu n), offload on). After every chunk boundary the cache
+evicts every certified-inert token; online H2O (the causal dot-product softmax mass each token received
+from the arriving queries while it was held), random and recency, each through its
+:class:`~sv_attention.hf.policies.EvictionPolicy`, are then cut to the number of tokens the certified cache
+holds at that moment (the online budget). Recall is read out over what each holds at the end. The
+current chunk is never evicted by the certified cache (it is read densely), so its final budget is
+``|S ∪ E|`` of the admitted prefix plus the last chunk (plus any restored token). ``streamed_shuffled``
+repeats it with the keys in a random order. Both are this repository's reconstruction of the published
+streamed experiment, whose exact protocol is not given; the numbers are reported as measured.
 
 Published (paper): rare-group recall certified 0.861, oracle H2O 0.319, random 0.472, recency 0.0;
 streamed 0.93 (certified) vs 0.30 (H2O).
@@ -104,57 +110,77 @@ def batch_trial(t: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str,
     return out
 
 
-def stream_trial(t: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, Any]:
-    """Streamed variant through the CertifiedCache with an online matched budget."""
+STREAM_POLICIES = ("h2o", "random", "recency")
+
+
+def stream_trial(t: dict[str, np.ndarray], rng: np.random.Generator, order: str = "protocol") -> dict[str, Any]:
+    """Streamed variant: the keys flow through the causal layer's cache with an online matched budget.
+
+    The keys arrive chunk by chunk (``STREAM_CHUNK``) in the protocol's order (rare keys first, then the
+    dense groups; ``order="shuffled"``: a random permutation) into a one-head
+    :class:`~sv_attention.hf.cache.CertifiedCache` (C = 1 / (nu n), offload on), which runs the chunk-frozen
+    gate of DESIGN §2.5: at each boundary the previous chunk is admitted to the exact solver, and
+    :meth:`~sv_attention.hf.cache.CertifiedCache.evict` then drops every certified-inert token. The baselines
+    see the same stream: each arriving key, as a query, attends causally (dot-product softmax, as in a
+    transformer) to the keys its policy still holds, which is the attention mass online H2O accumulates;
+    after every eviction each baseline is cut, through its :class:`~sv_attention.hf.policies.EvictionPolicy`,
+    to the number of tokens the certified cache holds at that moment (the online budget). Recall is read
+    out over what each policy holds at the end of the stream.
+    """
     import torch
 
     from sv_attention.hf.cache import CertifiedCache
-    from sv_attention.hf.gate_handoff import clear_pending_gates
+    from sv_attention.hf.gate_handoff import pop_pending_gate
+    from sv_attention.hf.policies import PolicyContext, get_policy, softmax_attention_mass
 
-    order = rng.permutation(t["keys"].shape[0])
-    keys, groups = t["keys"][order], t["groups"][order]
-    n = keys.shape[0]
+    if order not in ("protocol", "shuffled"):
+        raise ValueError(f"order must be 'protocol' or 'shuffled', got {order!r}")
+    n = t["keys"].shape[0]
+    perm = np.arange(n) if order == "protocol" else rng.permutation(n)
+    keys, groups = t["keys"][perm], t["groups"][perm]
     cache = CertifiedCache(num_layers=1, nu=NU, n0=n, sigma=SIGMA, chunk=STREAM_CHUNK, offload="cpu")
-    h2o_keep: list[int] = []
-    h2o_mass: dict[int, float] = {}
-    rnd_keep: list[int] = []
+    policies = {name: get_policy(name) for name in STREAM_POLICIES}
+    held = {name: np.zeros(0, dtype=np.int64) for name in STREAM_POLICIES}
+    mass = np.zeros(n)  # attention mass accumulated by each token while the H2O cache held it
+    budgets = []
     for lo in range(0, n, STREAM_CHUNK):
-        hi = min(n, lo + STREAM_CHUNK)
-        k = torch.from_numpy(keys[lo:hi])[None, None]
-        cache.update(k, k.clone(), 0)
-        clear_pending_gates()
-        for p in range(lo, hi):  # online H2O: each arriving token attends to what is kept (and itself)
-            h2o_keep.append(p)
-            h2o_mass[p] = 0.0
-            vis = np.array(h2o_keep)
-            logit = keys[vis] @ keys[p] / np.sqrt(D)
-            a = np.exp(logit - logit.max())
-            for j, m in zip(vis, a / a.sum(), strict=True):
-                h2o_mass[int(j)] += float(m)
-            rnd_keep.append(p)
+        new = np.arange(lo, min(n, lo + STREAM_CHUNK))
+        k = torch.from_numpy(keys[new])[None, None]
+        cache.update(k, k.clone(), 0)  # admits the previous chunk at the boundary ``lo``
+        if pop_pending_gate(0) is None:
+            raise RuntimeError("the certified cache deposited no gate for the stream's layer")
+        for name in STREAM_POLICIES:
+            held[name] = np.concatenate([held[name], new])
+        vis = held["h2o"]
+        mass[vis] += softmax_attention_mass(keys[new], keys[vis], causal=True, query_positions=new,
+                                            key_positions=vis)
         if cache.layers[0].bank is not None and cache.layers[0].bank.gated:
             cache.evict()
         budget = cache.layers[0].n_slots
-        if len(h2o_keep) > budget:
-            h2o_keep = sorted(sorted(h2o_keep, key=lambda j: (-h2o_mass[j], -j))[:budget])
-        if len(rnd_keep) > budget:
-            rnd_keep = sorted(rng.choice(rnd_keep, size=budget, replace=False).tolist())
-    kept = {"certified": cache.layers[0].positions.numpy(), "h2o": np.array(h2o_keep),
-            "random": np.array(rnd_keep)}
-    out: dict[str, Any] = {"budget": int(cache.layers[0].n_slots), "n": n,
-                           "restored": sum(e.restored for e in cache.restore_events)}
+        budgets.append(budget)
+        for name, policy in policies.items():
+            if held[name].size > budget:
+                ctx = PolicyContext(positions=held[name], attention_mass=mass[held[name]], rng=rng)
+                held[name] = held[name][policy.select(ctx, budget).keep]
+    kept = {"certified": cache.layers[0].positions.numpy(), **held}
+    out: dict[str, Any] = {"budget": int(cache.layers[0].n_slots), "n": n, "order": order,
+                           "budget_trace": budgets,
+                           "restored": sum(e.restored for e in cache.restore_events),
+                           "support": sorted(cache.layers[0].bank.support_positions())}
     for name, idx in kept.items():
         keep = np.zeros(n, dtype=bool)
         keep[idx] = True
         out[name] = _summ(recall(keys, groups, keep, t["queries"], t["qgroups"]), t["qgroups"])
         out[name]["kept"] = int(keep.sum())
+        out[name]["rare_kept"] = int(keep[groups < N_RARE].sum())
+        out[name]["positions"] = np.flatnonzero(keep).tolist()
     return out
 
 
 def _aggregate(rows: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, Any]:
     agg: dict[str, Any] = {"mean_budget": float(np.mean([r["budget"] for r in rows]))}
     for name in names:
-        agg[name] = {m: float(np.mean([r[name][m] for r in rows])) for m in ("rare", "dense", "all")}
+        agg[name] = {m: float(np.mean([r[name][m] for r in rows])) for m in ("rare", "dense", "all", "rare_kept")}
         agg[name]["rare_sem"] = float(np.std([r[name]["rare"] for r in rows]) / np.sqrt(len(rows)))
     return agg
 
@@ -164,25 +190,32 @@ def run_study(trials: int = 60, seed: int = 0, stream: bool = True, progress: bo
     from tqdm import tqdm
 
     rng = np.random.default_rng(seed)
-    batch_rows, stream_rows = [], []
-    for _ in tqdm(range(trials), desc="eviction trials", disable=not progress):
+    batch_rows: list[dict[str, Any]] = []
+    stream_rows: dict[str, list[dict[str, Any]]] = {"protocol": [], "shuffled": []}
+    for i in tqdm(range(trials), desc="eviction trials", disable=not progress):
         t = make_trial(rng)
         batch_rows.append(batch_trial(t, rng))
-        if stream:
-            stream_rows.append(stream_trial(t, rng))
+        if stream:  # own generators: the batch study's numbers do not depend on whether the stream runs
+            for j, (order, rows) in enumerate(stream_rows.items()):
+                rows.append(stream_trial(t, np.random.default_rng([seed, i, j]), order))
     payload: dict[str, Any] = {
         "protocol": {"trials": trials, "seed": seed, "d": D, "rare_groups": N_RARE, "dense_groups": N_DENSE,
                      "dense_group_size": DENSE_SIZE, "centre_scale": CENTRE_SCALE, "key_noise": NOISE,
                      "sigma": SIGMA, "nu": NU, "queries_per_group": QUERIES_PER_GROUP,
-                     "budget": "|S ∪ E| of the exact SVDD fit (batch); the certified cache's kept count (streamed)",
-                     "stream_order": "rare keys first, then dense groups (batch); random permutation (streamed)",
+                     "budget": "|S ∪ E| of the exact SVDD fit (batch); online: after every chunk boundary, the "
+                               "number of tokens the certified cache holds (streamed)",
+                     "stream_order": "rare keys first, then dense groups (batch and streamed); a random "
+                                     "permutation (streamed_shuffled)",
+                     "stream_h2o": "causal dot-product softmax mass accumulated while held (online H2O)",
                      "stream_chunk": STREAM_CHUNK, "readout": "uniform RBF over the kept keys, one-hot group values"},
         "batch": _aggregate(batch_rows, ("certified", "h2o", "random", "recency")),
         "published": PUBLISHED,
     }
     if stream:
-        payload["streamed"] = _aggregate(stream_rows, ("certified", "h2o", "random"))
-        payload["streamed"]["restored_tokens"] = int(sum(r["restored"] for r in stream_rows))
+        for key, order in (("streamed", "protocol"), ("streamed_shuffled", "shuffled")):
+            rows = stream_rows[order]
+            payload[key] = _aggregate(rows, ("certified", *STREAM_POLICIES))
+            payload[key]["restored_tokens"] = int(sum(r["restored"] for r in rows))
     return payload
 
 
@@ -193,7 +226,7 @@ def write_figure(payload: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("batch", "streamed") if k in payload]
+    panels = [k for k in ("batch", "streamed", "streamed_shuffled") if k in payload]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     for ax, panel in zip(axes[0], panels, strict=True):
         names = [k for k in ("certified", "h2o", "random", "recency") if k in payload[panel]]
@@ -219,15 +252,15 @@ def run(args: argparse.Namespace) -> int:
     payload = run_study(args.trials, args.seed, stream=not args.no_stream)
     print(f"matched-budget eviction study, {args.trials} trials (mean budget "
           f"{payload['batch']['mean_budget']:.1f} of 66 keys)")
-    print(f"{'variant':<9} {'policy':<10} {'rare recall':>11} {'dense':>7} {'all':>7} {'published':>10}")
-    for panel in ("batch", "streamed"):
+    print(f"{'variant':<17} {'policy':<10} {'rare recall':>11} {'dense':>7} {'all':>7} {'published':>10}")
+    for panel in ("batch", "streamed", "streamed_shuffled"):
         if panel not in payload:
             continue
         for name, v in payload[panel].items():
             if not isinstance(v, dict):
                 continue
             pub = PUBLISHED.get(panel, {}).get(name)
-            print(f"{panel:<9} {name:<10} {v['rare']:>11.3f} {v['dense']:>7.3f} {v['all']:>7.3f} "
+            print(f"{panel:<17} {name:<10} {v['rare']:>11.3f} {v['dense']:>7.3f} {v['all']:>7.3f} "
                   f"{'' if pub is None else f'{pub:.3f}':>10}")
     out = write_result("eviction", payload, path=args.json)
     print(f"wrote {out}")

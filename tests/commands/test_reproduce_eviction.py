@@ -18,8 +18,9 @@ def test_command_writes_json_and_figure(tmp_path, capsys) -> None:
     assert data["protocol"]["trials"] == 2
     for name in ("certified", "h2o", "random", "recency"):
         assert 0.0 <= data["batch"][name]["rare"] <= 1.0
-    for name in ("certified", "h2o", "random"):
-        assert 0.0 <= data["streamed"][name]["rare"] <= 1.0
+    for panel in ("streamed", "streamed_shuffled"):
+        for name in ("certified", "h2o", "random", "recency"):
+            assert 0.0 <= data[panel][name]["rare"] <= 1.0
     assert data["published"]["batch"]["certified"] == 0.861
     assert (tmp_path / "eviction.png").stat().st_size > 0
     assert "rare recall" in capsys.readouterr().out
@@ -47,8 +48,32 @@ def test_recall_reads_out_the_nearest_group() -> None:
     assert r.tolist() == [0.0, 1.0]
 
 
-def test_stream_trial_matches_the_online_budget() -> None:
+def test_stream_trial_matches_the_online_budget_and_keeps_the_support() -> None:
     rng = np.random.default_rng(1)
-    row = study.stream_trial(study.make_trial(rng), rng)
-    assert row["certified"]["kept"] == row["budget"] < row["n"]
-    assert row["h2o"]["kept"] == row["random"]["kept"] == row["budget"]
+    t = study.make_trial(rng)
+    for order in ("protocol", "shuffled"):
+        row = study.stream_trial(t, np.random.default_rng(2), order)
+        n, budget = row["n"], row["budget"]
+        assert row["certified"]["kept"] == budget < n
+        for name in study.STREAM_POLICIES:
+            assert row[name]["kept"] == budget  # matched at the end ...
+        # ... and online: after every boundary each baseline held what the certified cache held
+        assert row["budget_trace"][-1] == budget and len(row["budget_trace"]) == -(-n // study.STREAM_CHUNK)
+        kept = set(row["certified"]["positions"])
+        assert set(row["support"]) <= kept  # no support vector of the final solver was evicted
+        last_chunk = set(range((n - 1) // study.STREAM_CHUNK * study.STREAM_CHUNK, n))
+        assert last_chunk <= kept  # the current chunk is read densely, never evicted
+        assert row["recency"]["positions"] == list(range(n - budget, n))
+    row = study.stream_trial(t, np.random.default_rng(2), "protocol")
+    assert row["recency"]["rare_kept"] == 0  # the rare keys open the stream
+
+
+def test_stream_certified_equals_the_batch_support_of_the_admitted_prefix() -> None:
+    """In the protocol order the final solver is the exact fit of the admitted prefix (same C, sigma)."""
+    rng = np.random.default_rng(3)
+    t = study.make_trial(rng)
+    row = study.stream_trial(t, np.random.default_rng(4), "protocol")
+    n, c = row["n"], study.STREAM_CHUNK
+    m = (n - 1) // c * c  # admitted prefix
+    ref = refit(t["keys"][:m], C=1.0 / (study.NU * n), sigma=study.SIGMA)
+    assert row["support"] == np.flatnonzero(ref.alpha > 1e-12).tolist()
