@@ -336,10 +336,31 @@ def _grouped(x: torch.Tensor, hkv: int) -> torch.Tensor:
     return x.reshape(b, hkv, (h // hkv) * c, n)
 
 
+# Below this many elements the softmax (and its backward) is composed from elementwise ops: torch's CPU
+# softmax kernels enter a parallel region even for tiny tensors, which costs milliseconds per call when
+# the cores are busy (token-by-token decoding calls it on one row per layer and hop).
+_SMALL_SOFTMAX = 1 << 14
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim (fused kernel for large tensors, elementwise ops for small ones)."""
+    if x.numel() > _SMALL_SOFTMAX or x.device.type != "cpu":
+        return torch.softmax(x, dim=-1)
+    e = torch.exp(x - x.amax(dim=-1, keepdim=True))
+    return e.div_(e.sum(dim=-1, keepdim=True))
+
+
+def _softmax_backward(g: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``p * (g - sum(g p))``: the softmax vector-Jacobian product (fused kernel for large tensors)."""
+    if g.numel() > _SMALL_SOFTMAX or g.device.type != "cpu":
+        return torch._softmax_backward_data(g, p, -1, g.dtype)
+    return p * (g - (g * p).sum(dim=-1, keepdim=True))
+
+
 def _masked_probs(w: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:
-    """Fused softmax of ``w`` over visible keys; rows with no visible key are exactly 0."""
+    """Softmax of ``w`` over visible keys; rows with no visible key are exactly 0."""
     bias = torch.zeros(vis.shape, dtype=w.dtype, device=w.device).masked_fill_(~vis, torch.finfo(w.dtype).min / 2)
-    p = torch.softmax(w + bias, dim=-1)
+    p = _softmax(w + bias)
     has = vis.any(dim=-1, keepdim=True)
     if not bool(has.all()):
         p.mul_(has)
@@ -390,8 +411,8 @@ def _block_a_backward(da: torch.Tensor, parts: tuple[torch.Tensor, ...], params:
     if params.operator == "sgate":
         pp, pm = parts
         c = params.rho / (1.0 + params.lam)
-        dw = torch._softmax_backward_data(da, pp, -1, da.dtype)
-        dw.add_(torch._softmax_backward_data(da, pm, -1, da.dtype), alpha=params.lam)
+        dw = _softmax_backward(da, pp)
+        dw.add_(_softmax_backward(da, pm), alpha=params.lam)
         return dw.mul_(c)
     wt, s, vis = parts
     proj = (da * wt).sum(-1, keepdim=True)
@@ -543,7 +564,7 @@ class CeqHopsFunction(torch.autograd.Function):
                 gcg = _grouped(gc, hkv)
                 acc[0][:, :, :e] += torch.matmul(_grouped(ps, hkv).transpose(-1, -2), gcg)
                 dps = torch.matmul(gcg, v[:, :, :e].transpose(-1, -2)).view(b, h, c, e)
-                dw += torch._softmax_backward_data(dps, ps, -1, dps.dtype)
+                dw += _softmax_backward(dps, ps)
                 del dps, ps
             dwg = _grouped(dw, hkv)
             dq[:, :, r0:r1] = torch.matmul(dwg, k[:, :, :e]).view(b, h, c, d).mul_(sc)
