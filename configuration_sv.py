@@ -260,6 +260,10 @@ class SVConfig(PretrainedConfig):
         if intermediate_size is not None:
             _int_at_least(1)("intermediate_size", intermediate_size)
         _float_in(0.0, 1.0, lo_open=False, hi_open=True)("dropout", dropout)
+        _float_in(0.0, _INF, hi_open=True)("initializer_range", initializer_range)
+        for name, value in (("attention_bias", attention_bias), ("mlp_bias", mlp_bias),
+                            ("tie_word_embeddings", tie_word_embeddings), ("use_cache", use_cache)):
+            _bool(name, value)
         _float_in(0.0, 1.0, hi_open=True)("layer_norm_eps", layer_norm_eps)
         kwargs.pop("head_dim", None)  # derived below; saved configs carry them
         kwargs.pop("num_key_value_heads", None)

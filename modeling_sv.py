@@ -289,6 +289,44 @@ def sv_box(knobs: dict[str, Any]) -> tuple[float, int]:
     return C, int(math.ceil(1.0 / C - 1e-9)) + 2
 
 
+class PaddedGateCaches:
+    """One :class:`sv_attention.ops.causal.GateCache` per left-padding length (``sv`` with a padded batch).
+
+    Rows with ``p`` leading pad columns are gated at their own positions (boundaries ``p + s``), so each
+    padding length keeps its own memo. Batch reorders and crops :meth:`reset` it (recomputed from the
+    cached keys on the next call), as :class:`SVLMCache` does for a single ``GateCache``.
+    """
+
+    def __init__(self) -> None:
+        self.by_pad: dict[int, Any] = {}
+
+    def get(self, pad: int) -> Any:
+        from sv_attention.ops.causal import GateCache
+
+        if pad not in self.by_pad:
+            self.by_pad[pad] = GateCache()
+        return self.by_pad[pad]
+
+    def reset(self) -> None:
+        self.by_pad.clear()
+
+
+def leading_pad(mask: torch.Tensor | None, batch: int, kv_len: int) -> list[int] | None:
+    """Per row, the number of leading key columns no query attends (left padding); None when no row has any.
+
+    Parameters
+    ----------
+    mask : bool ``[b|1, 1|h, q, kv]`` (True = attend) or None
+    """
+    if mask is None or mask.shape[0] != batch or mask.shape[0] == 1:
+        return None
+    visible = mask.any(-2).any(1)  # [b, kv]
+    first = torch.where(visible.any(-1), visible.to(torch.int8).argmax(-1), torch.full_like(visible[:, 0],
+                        kv_len, dtype=torch.long))
+    pads = [int(x) for x in first.tolist()]
+    return pads if any(pads) else None
+
+
 def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
                 operator_state: dict[str, Any] | None = None, output_attentions: bool = False,
@@ -302,26 +340,61 @@ def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
     memoises the per-boundary gates (checked against a key fingerprint), so decoding fits each boundary
     once and equals the recomputation.
 
+    Positions are counted from each row's first real token: rows of a left-padded batch (``mask`` hides
+    their ``p`` leading columns) are run per padding length on the columns ``[p, kv)``, so their chunk
+    boundaries, bandwidth and gates are those of the same text without padding (pad queries output 0).
+    Interior holes in the mask are masked, not re-indexed.
+
     ``detach_gate=True`` (default, as published): gradients reach q, k, v through the softmax logits and
     values, not through alpha; False differentiates through the ridged bordered solve. The batched
-    solver's coefficients carry no deletion certificate; only the exact solver's do. Chunk boundaries
-    follow key columns, so a left-padded row is gated at column boundaries (pad columns are left out of
-    the SVDD problems).
+    solver's coefficients carry no deletion certificate; only the exact solver's do.
+
+    Parameters
+    ----------
+    query : ``[b, h, q, d]``; key, value : ``[b, h, kv, d]``; mask : bool ``[b|1, 1, q, kv]`` or None
+
+    Returns
+    -------
+    out ``[b, q, h, d]``, weights ``[b, h, q, kv]`` (with ``output_attentions``) or None
     """
     from sv_attention.ops.causal import GateCache, sv_hybrid_attention
 
     knobs = module.config.operator_config
     C, _ = sv_box(knobs)
-    gate = None
+    common = dict(C=C, sigma=knobs["sigma"], chunk=knobs["chunk"], scaling=scaling, causal=True,
+                  solver=knobs["solver"], gate_floor=knobs["gate_floor"], detach_gate=knobs["detach_gate"],
+                  return_weights=output_attentions)
+    b, h, q_len, d = query.shape
+    kv_len = key.shape[-2]
+    pads = leading_pad(mask, b, kv_len)
+    if pads is None:
+        gate = None
+        if operator_state is not None:
+            gate = operator_state.get("gate")
+            if gate is None:
+                gate = operator_state["gate"] = GateCache()
+        out, weights = sv_hybrid_attention(query, key, value, mask=mask, gate_cache=gate, **common)
+        return out.transpose(1, 2).contiguous(), weights
+    caches = None
     if operator_state is not None:
-        gate = operator_state.get("gate")
-        if gate is None:
-            gate = operator_state["gate"] = GateCache()
-    out, weights = sv_hybrid_attention(
-        query, key, value, C=C, sigma=knobs["sigma"], chunk=knobs["chunk"], mask=mask, scaling=scaling,
-        causal=True, solver=knobs["solver"], gate_floor=knobs["gate_floor"], detach_gate=knobs["detach_gate"],
-        gate_cache=gate, return_weights=output_attentions,
-    )
+        caches = operator_state.get("gate_by_pad")
+        if caches is None:
+            caches = operator_state["gate_by_pad"] = PaddedGateCaches()
+    out = query.new_zeros(b, h, q_len, value.shape[-1])
+    weights = query.new_zeros(b, h, q_len, kv_len) if output_attentions else None
+    for pad in sorted(set(pads)):
+        rows = torch.tensor([i for i, p in enumerate(pads) if p == pad], device=query.device)
+        q0 = max(0, pad - (kv_len - q_len))  # queries before q0 sit on pad slots
+        if q0 >= q_len:
+            continue
+        o, w = sv_hybrid_attention(
+            query.index_select(0, rows)[:, :, q0:], key.index_select(0, rows)[:, :, pad:],
+            value.index_select(0, rows)[:, :, pad:], mask=mask.index_select(0, rows)[:, :, q0:, pad:],
+            gate_cache=None if caches is None else caches.get(pad), **common,
+        )
+        out = out.index_copy(0, rows, F.pad(o, (0, 0, q0, 0)))
+        if weights is not None and w is not None:
+            weights = weights.index_copy(0, rows, F.pad(w.to(weights.dtype), (pad, 0, q0, 0)))
     return out.transpose(1, 2).contiguous(), weights
 
 
@@ -579,6 +652,8 @@ class SVModel(SVPreTrainedModel):
         if input_ids is not None:
             if input_ids.dim() != 2:
                 raise InvalidInputError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+            if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+                raise InvalidInputError(f"input_ids must be an integer tensor of byte ids, got {input_ids.dtype}")
             if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
                 raise InvalidInputError(
                     f"input_ids must lie in [0, {self.config.vocab_size}); got values in "
@@ -693,6 +768,12 @@ class SVForCausalLM(SVPreTrainedModel, GenerationMixin):
         logits = self.lm_head(hidden)
         loss = None
         if labels is not None:
+            if labels.shape != logits.shape[:2]:
+                raise InvalidInputError(
+                    f"labels must have the shape of the input [batch, seq] = {tuple(logits.shape[:2])} (the "
+                    f"model shifts them by one itself), got {tuple(labels.shape)}; with logits_to_keep, "
+                    "compute the loss yourself"
+                )
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
                                    labels[:, 1:].reshape(-1).to(logits.device), ignore_index=-100)
         result = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states,

@@ -66,6 +66,10 @@ def test_backbone_errors():
         SVConfig(num_hidden_layers=0)
     with pytest.raises(InvalidHyperparameterError):
         SVConfig(dropout=1.0)
+    with pytest.raises(InvalidHyperparameterError, match="attention_bias must be true or false"):
+        SVConfig(attention_bias="no")  # bool("no") would silently be True
+    with pytest.raises(InvalidHyperparameterError, match="initializer_range"):
+        SVConfig(initializer_range=-0.02)
 
 
 def test_round_trip(tmp_path):

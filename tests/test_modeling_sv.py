@@ -319,3 +319,45 @@ def test_from_pretrained_recomputes_nonpersistent_buffer(tmp_path):
     x = torch.randint(0, 256, (1, 7))
     with torch.no_grad():
         assert torch.equal(m(x, use_cache=False).logits, m2(x, use_cache=False).logits)
+
+
+def _left_padded(seed=11):
+    g = torch.Generator().manual_seed(seed)
+    a, b = torch.randint(1, 256, (1, 14), generator=g), torch.randint(1, 256, (1, 9), generator=g)
+    ids = torch.cat([a, torch.cat([torch.zeros(1, 5, dtype=torch.long), b], 1)], 0)
+    mask = (torch.arange(14)[None] >= torch.tensor([[0], [5]])).long()
+    return a, b, ids, mask
+
+
+def test_sv_left_padded_rows_are_gated_at_their_own_positions():
+    # the padded row must see the boundaries 8, 12 of its own text, not those of the padded columns
+    m = tiny("sv", SV_KNOBS, seed=12)
+    a, b, ids, mask = _left_padded()
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        padded = m(ids, attention_mask=mask, position_ids=pos, use_cache=False, output_attentions=True)
+        ref_a, ref_b = m(a, use_cache=False).logits, m(b, use_cache=False).logits
+        parts, cache = [], None  # cached prefill + decode of the padded batch equals its full forward
+        for lo, hi in ((0, 10), (10, 11), (11, 14)):
+            out = m(ids[:, lo:hi], attention_mask=mask[:, :hi], position_ids=pos[:, lo:hi], cache=cache,
+                    use_cache=True)
+            cache = getattr(out, CACHE_FIELD)
+            parts.append(out.logits)
+    torch.testing.assert_close(padded.logits[0], ref_a[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(padded.logits[1, 5:], ref_b[0], rtol=1e-5, atol=1e-5)
+    assert (torch.cat(parts, 1) - padded.logits).abs().max() <= 1e-5
+    w = padded.attentions[1][1]
+    assert float(w[:, :, :5].abs().max()) == 0.0  # pad slots neither attend nor are attended
+    torch.testing.assert_close(w[:, 5:, 5:].sum(-1), torch.ones(2, 9))
+    batch = m.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    single = m.generate(b, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(batch[1, 14:], single[0, 9:])
+
+
+def test_bad_dtype_and_label_shape_raise_typed_errors():
+    m = tiny()
+    x = torch.randint(0, 256, (1, 6))
+    with pytest.raises(InvalidInputError, match="integer"):
+        m(x.float())
+    with pytest.raises(InvalidInputError, match="labels must have the shape"):
+        m(x, labels=x[:, :4])
