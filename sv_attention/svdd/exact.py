@@ -282,7 +282,8 @@ class IncrementalSVDD(ReadAPI):
         if not self._solved:
             ok, reason = False, f"no feasible solution yet (n*C = {self._n * self.C:.4g} < 1)"
         elif self.in_warmup:
-            ok, reason = False, f"warm-up: {self._n} < ceil(1/C)+2 = {self.warmup_size} active keys"
+            hist = self._n + len(self._evicted)
+            ok, reason = False, f"warm-up: {hist} < ceil(1/C)+2 = {self.warmup_size} keys (active + evicted)"
         elif kkt.max > CERT_TOL:
             ok, reason = False, f"KKT residual {kkt.max:.3e} above tolerance {CERT_TOL:g}"
         else:
@@ -428,7 +429,8 @@ class IncrementalSVDD(ReadAPI):
                                      or max_keep < 0):
             raise InvalidInputError(f"max_keep must be None or an integer >= 0, got {max_keep!r}")
         if not self._solved or self.in_warmup:
-            raise WarmupError(f"cannot evict in warm-up ({self._n} < {self.warmup_size} active keys): no certificate "
+            raise WarmupError(f"cannot evict in warm-up ({self._n + len(self._evicted)} < {self.warmup_size} keys): no "
+                              "certificate "
                               "is issued yet; add keys first")
         guards0, events0 = Counter(self._guards), self._events
         n = self._n
