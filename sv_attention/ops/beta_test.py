@@ -21,8 +21,10 @@ layer, updated after each backward.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TextIO
 
 import torch
 from torch import nn
@@ -241,11 +243,15 @@ def _fmt(x: float | None, spec: str = ".4g") -> str:
     return "undefined" if x is None else format(x, spec)
 
 
-def lrt_report(result: BetaLRTResult) -> str:
-    """Human-readable report; every line states both constants (3.841 and ln n) and the resolution."""
+def lrt_report(result: BetaLRTResult, stream: TextIO | None = sys.stdout) -> str:
+    """Print (to ``stream``; None: do not print) and return the report.
+
+    One header line, then one line per layer and a joint line; every line states both constants
+    (3.841 and ln n) and the resolution.
+    """
     ln_n = result.ln_n
     out = [f"beta test on {result.n_tokens} held-out tokens: PINNED if Lambda <= {result.chi2_crit}, "
-           f"MOVED if Lambda > ln n = {ln_n:.3f}"]
+           f"MOVED if Lambda > ln n = {ln_n:.3f}; resolution |beta-1|_min = sqrt({result.chi2_crit} / I)"]
     for x in [*result.layers, result.joint]:
         beta = ", ".join(f"{b:.4f}" for b in x.beta) if len(x.beta) <= 4 else f"{len(x.beta)} betas"
         wald = (f"Wald {x.wald:.3f} ({'agrees' if x.wald_agrees else 'DISAGREES'})" if x.info_defined
@@ -253,7 +259,10 @@ def lrt_report(result: BetaLRTResult) -> str:
         out.append(
             f"{x.name}: beta=[{beta}] Lambda={x.lam:.3f} (3.841 | ln n={ln_n:.3f}) -> {x.verdict}; "
             f"I={x.info:.4g}; {wald}; resolution |beta-1|_min={_fmt(x.resolution)}")
-    return "\n".join(out)
+    text = "\n".join(out)
+    if stream is not None:
+        print(text, file=stream)
+    return text
 
 
 class BetaGradientCensus:

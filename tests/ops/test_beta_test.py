@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -118,11 +120,15 @@ def test_zero_information_is_undefined_not_clamped():
     assert layer.info == 0.0 and not layer.info_defined
     assert layer.wald is None and layer.resolution is None and layer.wald_agrees is None
     assert layer.lam == 0.0 and layer.verdict == PINNED
-    report = lrt_report(res)
-    lines = report.splitlines()[1:]
-    assert len(lines) == 3
+    buf = io.StringIO()
+    report = lrt_report(res, stream=buf)
+    assert buf.getvalue().strip() == report
+    lines = report.splitlines()
+    assert len(lines) == 4
     for ln in lines:
-        assert "3.841" in ln and "ln n=" in ln and "resolution" in ln
+        assert "3.841" in ln and "ln n" in ln and "resolution" in ln
+    lines = lines[1:]
+    json.dumps(res.as_dict())
     assert "undefined" in lines[1]
 
 
