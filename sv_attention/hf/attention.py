@@ -324,6 +324,8 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     HopCacheError
         A decode step whose hop history is unknown (see :func:`reset_state`).
     """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     from sv_attention.ops.ceq import ceq_attention
 
     _refuse_unsupported(CEQ_NAME, kwargs)
@@ -344,7 +346,10 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                   lam=p["lam"] if p["operator"] == "sgate" else None, scaling=scaling, dropout=float(dropout),
                   training=training or float(dropout) > 0.0, is_causal=causal)
     if stock_only:
-        out = ceq_attention(query, key, value, attention_mask, **common)
+        # exactly the model's sdpa call (same function, same arguments): bitwise sdpa at sdpa's speed
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=float(dropout),
+                                        scaling=scaling, **kwargs)
+        out = out.transpose(1, 2)
     else:
         keep_state = bool(kwargs.get("use_cache", True)) and not training
         sliding = _sliding_window(module, kwargs) is not None
