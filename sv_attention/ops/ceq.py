@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sv_attention.errors import ConfigError, InvalidHyperparameterError, InvalidInputError, MaskError
+from sv_attention.errors import ConfigError, InvalidHyperparameterError, InvalidInputError
 from sv_attention.ops.masking import causal_mask, to_bool_mask
 
 OPERATORS = ("sgate", "signed")
@@ -748,7 +748,7 @@ def ceq_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
 
 
 __all__ = [
-    "CeqHopsFunction", "CeqParams", "DEFAULTS", "MaskError", "a_from_logits", "allowed_mask", "ceq_attention",
+    "CeqHopsFunction", "CeqParams", "DEFAULTS", "a_from_logits", "allowed_mask", "auto_chunk", "ceq_attention",
     "ceq_attention_reference", "ceq_matrix", "hops_forward", "repeat_kv", "resolve_params", "stock_attention",
-    "truncation_bound",
+    "truncation_bound", "visible_block",
 ]
