@@ -136,3 +136,21 @@ def test_static_cache_sv_works_and_ceq_hops_refuse():
     sv_attention.enable(m, "ceq", alpha=0.2)
     with pytest.raises(UnsupportedFeatureError, match="static"), torch.no_grad():
         m(IDS[:, :6], cache=StaticCache(config=m.config, max_cache_len=16), use_cache=True)
+
+
+@pytest.mark.parametrize("name,kw", [("sv_attention", {"nu": 0.5, "chunk": 4}), ("ceq", {"alpha": 0.2})])
+def test_generate_with_a_user_cache_under_both_spellings(name, kw):
+    from transformers import DynamicCache
+
+    m = tiny.llama()
+    sv_attention.enable(m, name, **kw)
+    gk = dict(max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0)
+    ids = IDS[:1, :7]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        plain = m.generate(ids, **gk)
+        ca, cb = DynamicCache(config=m.config), DynamicCache(config=m.config)
+        a = m.generate(ids, cache=ca, **gk)
+        b = m.generate(ids, past_key_values=cb, **gk)
+    assert torch.equal(a, plain) and torch.equal(b, plain)
+    assert ca.get_seq_length() == cb.get_seq_length() == 11  # the caller's cache was the one used
