@@ -229,6 +229,10 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, acceler
                 f"({ckpt / 'trainer_state.json'}) or a new --run-dir.")
         if state["data"]["train"]["sha256"] != data_record["train"]["sha256"]:
             raise InvalidInputError(f"cannot resume {ckpt}: the training data differs from the checkpoint's.")
+        if int(state["step"]) >= cfg.steps and (run_dir / "run.json").is_file():
+            done = TrainResult.from_run_dir(run_dir)
+            if done.step == int(state["step"]):
+                return done  # already complete: nothing to train, the finished run's record is kept
         model = load_pretrained(cfg, ckpt)
         start_step = int(state["step"])
         resumed_losses = [float(v) for v in state.get("unlogged_losses", [])]

@@ -107,6 +107,8 @@ def test_resume_continues_identically(tmp_path):
         return [{k: v for k, v in e.items() if k != "tokens_per_s"} for e in history if e["event"] != "start"]
 
     assert strip(resumed.history) == strip(full.history)  # the log continues exactly as well
+    again = train(tiny(tmp_path / "b"), resume=True, progress=False)  # complete: returns the finished record
+    assert again.summary == resumed.summary and again.checkpoint == resumed.checkpoint
 
 
 def test_resume_refuses_a_different_config(tmp_path):
