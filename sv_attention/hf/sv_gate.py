@@ -65,7 +65,8 @@ class GateState:
     batch, kv_heads : int
     fingerprint : Tensor ``[b, kv_heads, n_cols]``  first feature of every key column seen
     sigma : Tensor ``[b, kv_heads]``  bandwidth per sequence (NaN where not computed yet)
-    gates : dict ``s -> Tensor [b, kv_heads, s]``  alpha by position for boundary ``s``
+    gates : dict ``s -> Tensor [b, kv_heads, s]``  alpha by position for boundary ``s`` (only the boundaries
+        that later queries can still read are kept)
     done : dict ``s -> bool Tensor [b]``  which sequences hold a fitted gate for ``s``
     """
 
@@ -278,6 +279,12 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
     bias = torch.log(w)
     if keep_state:
         state = _new_state(state, key, True, sig)
+        # later queries of a sequence only read its current boundary or later ones: drop older gates, so the
+        # state stays O(kv) (a crop back to an earlier chunk refits the gate it needs)
+        last = torch.where(qpos[:, -1] >= 0, bnd[:, -1], torch.zeros_like(bnd[:, -1]))
+        oldest = int(last.min())
+        for s_old in [s_ for s_ in state.gates if s_ < oldest]:
+            del state.gates[s_old], state.done[s_old]
     return bias, state
 
 
