@@ -66,15 +66,22 @@ def train_twins(base: TrainConfig, operators: list[str], progress: bool = True,
 
 
 def interleaved_throughput(results: dict[str, TrainResult], repeats: int = 5) -> dict[str, float]:
-    """:func:`measure_throughput` of the trained checkpoints on one training batch of their shared config."""
+    """:func:`measure_throughput` of the trained checkpoints on the first training batch of their shared
+    config (real text: the SV gate's cost depends on the keys)."""
     from sv_attention.train.model import load_pretrained
 
     first = next(iter(results.values()))
     cfg = TrainConfig.from_json(first.summary["train_config"])
     models = {op: load_pretrained(TrainConfig.from_json(r.summary["train_config"]), r.checkpoint)
               for op, r in results.items()}
-    g = torch.Generator().manual_seed(cfg.seed)
-    batch = torch.randint(0, 256, (cfg.batch_size, cfg.block_size + 1), generator=g)
+    from sv_attention.data import load_corpus, split_contiguous
+    from sv_attention.train.loop import sample_batch
+
+    corpus = load_corpus(cfg.dataset, embedded_bytes=cfg.embedded_bytes, seed=cfg.data_seed,
+                         dataset_config=cfg.dataset_config, dataset_split=cfg.dataset_split,
+                         text_column=cfg.text_column, max_bytes=cfg.max_bytes)
+    train_data = torch.from_numpy(split_contiguous(corpus, cfg.val_fraction).train.copy())
+    batch = sample_batch(train_data, 0, cfg.batch_size, cfg.block_size, cfg.seed)  # a real training batch
     return measure_throughput(models, batch, repeats=repeats)
 
 
