@@ -75,7 +75,8 @@ class SVLMCache(DynamicCache):
 
     ``operator_state[layer_idx]`` is a dict the layer's operator owns (hop histories for the ceq forms,
     the frozen gate for ``sv``, the running path state for ``smprime``). Every tensor in it has the
-    batch on dim 0, so beam-search reordering and batch selection apply to it as to keys and values.
+    batch on dim 0 and the position on dim 2, so beam-search reordering, batch selection and
+    :meth:`crop` (assisted / prompt-lookup decoding) apply to it as to keys and values.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -112,18 +113,30 @@ class SVLMCache(DynamicCache):
         super().batch_select_indices(indices)
         self._map_state(lambda t: t[indices], "batch_select_indices", indices)
 
-    def crop(self, max_length: int) -> None:  # noqa: D102
-        for state in self.operator_state.values():
-            for value in state.values():
-                if not (hasattr(value, "crop") or hasattr(value, "reset")):
-                    raise UnsupportedFeatureError(
-                        "SVLMCache.crop: this operator's state (e.g. smprime's query history) cannot be "
-                        "cropped; re-run the prefix instead"
-                    )
+    def crop(self, max_length: int) -> None:
+        """Drop cached positions; the operator state follows the keys and values.
+
+        ``max_length`` has the installed transformers' meaning (5.24: ``<= 0`` removes that many tokens
+        from the end and ``crop(0)`` is a no-op; older releases: ``> 0`` keeps the first ``max_length``).
+        Operator-state tensors (smprime's queries and gates, position on dim 2) are sliced, state objects
+        with ``crop`` (``HopCache``) are cropped to the same length, the others (``GateCache``) are reset and
+        refit from the cached keys on the next call.
+        """
+        before = self.get_seq_length()
         super().crop(max_length)
+        after = self.get_seq_length()
+        if after == before:
+            return
         for state in self.operator_state.values():
-            for value in state.values():
-                value.crop(max_length) if hasattr(value, "crop") else value.reset()
+            for key, value in list(state.items()):
+                if isinstance(value, torch.Tensor):
+                    state[key] = value[:, :, :after]
+                elif isinstance(value, list):
+                    state[key] = [v[:, :, :after] if isinstance(v, torch.Tensor) else v for v in value]
+                elif hasattr(value, "crop"):
+                    value.crop(after)
+                elif hasattr(value, "reset"):
+                    value.reset()
 
     def reset(self) -> None:  # noqa: D102
         super().reset()

@@ -233,8 +233,12 @@ def test_gradient_checkpointing_gives_same_loss_and_grads():
         _perturb_alpha(m, 0.3)
         if ckpt:
             (getattr(m, "activation_checkpointing_enable", None) or m.gradient_checkpointing_enable)()
+        calls: list[int] = []
+        mlp = m.model.layers[0].mlp
+        mlp.forward = lambda h, mlp=mlp, calls=calls: calls.append(1) or type(mlp).forward(mlp, h)
         out = m(x, labels=x)
         out.loss.backward()
+        assert len(calls) == (2 if ckpt else 1)  # checkpointing re-runs the layer in backward
         grads.append((out.loss.detach(), m.model.layers[0].attn.q_proj.weight.grad.clone(),
                       m.model.layers[1].attn.ceq_alpha.grad.clone()))
     torch.testing.assert_close(grads[0][0], grads[1][0])
@@ -361,3 +365,22 @@ def test_bad_dtype_and_label_shape_raise_typed_errors():
         m(x.float())
     with pytest.raises(InvalidInputError, match="labels must have the shape"):
         m(x, labels=x[:, :4])
+
+
+@pytest.mark.parametrize("op, knobs", [("ceq", {}), ("smprime", {}), ("sv", SV_KNOBS)])
+def test_prompt_lookup_decoding_crops_operator_state(op, knobs):
+    # assisted decoding crops the cache after rejected candidates (crop(-n)) and calls crop(0) as a no-op
+    m = tiny(op, knobs, seed=13)
+    _perturb_alpha(m)
+    x = torch.tensor([list(b"abcabcabcabcab")])
+    ref = m.generate(x, max_new_tokens=8, do_sample=False, use_cache=False)
+    assert torch.equal(m.generate(x, max_new_tokens=8, do_sample=False, prompt_lookup_num_tokens=3), ref)
+    with torch.no_grad():
+        cache = getattr(m(x, use_cache=True), CACHE_FIELD)
+        state = {k: dict(v) for k, v in cache.operator_state.items()}
+        cache.crop(0)
+        assert all(cache.operator_state[k][n] is v for k, s in state.items() for n, v in s.items())
+        cache.crop(-4)
+        step = m(x[:, 10:], cache=cache).logits
+        full = m(x, use_cache=False).logits
+    torch.testing.assert_close(step, full[:, 10:], rtol=1e-5, atol=1e-5)
