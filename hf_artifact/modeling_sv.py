@@ -1,0 +1,807 @@
+"""The sv-attention byte-level causal language model (remote code).
+
+Loaded with ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)``. The backbone is a
+pre-norm decoder (token + learned positional embeddings, GELU MLP, LayerNorm with bias, weight-tied
+output head) identical for every operator; ``config.operator`` selects the attention operator.
+
+Attention dispatch
+------------------
+Every attention layer calls ``ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+sv_operator_attention)``. The model declares no SDPA / flash / flex support, so the default
+implementation resolves to ``"eager"``, which is not in the registry, so the default argument
+:func:`sv_operator_attention` runs: the operator named by ``config.operator``. ``set_attn_implementation``
+with a registered name (e.g. the ``"sv_attention"`` / ``"ceq"`` functions the ``sv_attention.hf`` plugin
+registers) swaps the function in place; ``"eager"`` switches back to ``config.operator``.
+
+The attention function receives a boolean mask ``[b, 1, q, kv]`` (True = attend; causal and padding
+already applied) and the keyword arguments ``operator_state`` (a per-layer dict held by the cache, or
+None), ``query_slots`` ``[q]`` and ``key_slots`` ``[kv]`` (sequence indices of the rows / columns) and
+``hidden_states`` (the layer input, read by smprime's gate heads); other functions ignore them.
+
+Operators (building blocks from the installed ``sv_attention`` package)
+---------------------------------------------------------------------
+``softmax`` (``sv_attention.ops.ceq.stock_attention``, transformers' SDPA path), ``swa`` (the same with a
+window), ``sv`` (``sv_attention.ops.causal.sv_hybrid_attention`` + ``GateCache``), ``ceq`` /
+``ceq_path_sum`` (``sv_attention.ops.ceq.ceq_attention`` + ``sv_attention.ops.hop_cache.HopCache``),
+``smprime`` (``sv_attention.ops.smprime.SMPrime``). Explicit-weight references sit beside them
+(:func:`softmax_reference`) and in the package (``ceq_attention_reference``, ``sv_hybrid_reference``,
+``smprime_reference``).
+
+Caching
+-------
+:class:`SVLMCache` is a ``DynamicCache`` with a per-layer ``operator_state`` dict (ceq hop histories,
+SV gate state). ``generate`` builds one automatically. Both ``cache=`` (transformers >= 5.24) and
+``past_key_values=`` are accepted; the output field is named after what the installed
+``CausalLMOutputWithPast`` defines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from sv_attention.errors import InvalidInputError, MaskError, UnsupportedFeatureError
+from sv_attention.ops.masking import to_bool_mask
+
+try:  # flat sibling file in the artifact; a top-level module inside the repository checkout
+    from .configuration_sv import SVConfig
+except ImportError:  # pragma: no cover - exercised when imported from the repository root
+    from configuration_sv import SVConfig
+
+try:
+    from transformers import initialization as hf_init
+except ImportError:  # pragma: no cover - older transformers
+    hf_init = None
+
+#: name of the cache field of the installed transformers' output classes ("cache" from 5.24 on)
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+# --------------------------------------------------------------------------------------------------
+# cache
+# --------------------------------------------------------------------------------------------------
+class SVLMCache(DynamicCache):
+    """A ``DynamicCache`` plus per-layer operator state.
+
+    ``operator_state[layer_idx]`` is a dict the layer's operator owns (hop histories for the ceq forms,
+    the frozen gate for ``sv``, the running path state for ``smprime``). Every tensor in it has the
+    batch on dim 0 and the position on dim 2, so beam-search reordering, batch selection and
+    :meth:`crop` (assisted / prompt-lookup decoding) apply to it as to keys and values.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.operator_state: dict[int, dict[str, Any]] = {}
+
+    def _map_state(self, fn: Callable[[torch.Tensor], torch.Tensor], method: str, arg: Any) -> None:
+        """Apply a batch operation to every piece of operator state.
+
+        Tensors / lists of tensors are mapped with ``fn``; state objects with the method (``HopCache``)
+        apply it; state objects without it but with ``reset`` (``GateCache``, whose fingerprint cannot
+        see a batch permutation) are reset and recompute from the cached keys on the next call.
+        """
+        for state in self.operator_state.values():
+            for key, value in list(state.items()):
+                if isinstance(value, torch.Tensor):
+                    state[key] = fn(value)
+                elif isinstance(value, list):
+                    state[key] = [fn(v) if isinstance(v, torch.Tensor) else v for v in value]
+                elif hasattr(value, method):
+                    getattr(value, method)(arg)
+                elif hasattr(value, "reset"):
+                    value.reset()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:  # noqa: D102 - transformers API
+        super().reorder_cache(beam_idx)
+        self._map_state(lambda t: t.index_select(0, beam_idx.to(t.device)), "reorder", beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:  # noqa: D102
+        super().batch_repeat_interleave(repeats)
+        self._map_state(lambda t: t.repeat_interleave(repeats, dim=0), "batch_repeat_interleave", repeats)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:  # noqa: D102
+        super().batch_select_indices(indices)
+        self._map_state(lambda t: t[indices], "batch_select_indices", indices)
+
+    def crop(self, max_length: int) -> None:
+        """Drop cached positions; the operator state follows the keys and values.
+
+        ``max_length`` has the installed transformers' meaning (5.24: ``<= 0`` removes that many tokens
+        from the end and ``crop(0)`` is a no-op; older releases: ``> 0`` keeps the first ``max_length``).
+        Operator-state tensors (smprime's queries and gates, position on dim 2) are sliced, state objects
+        with ``crop`` (``HopCache``) are cropped to the same length, the others (``GateCache``) are reset and
+        refit from the cached keys on the next call.
+        """
+        before = self.get_seq_length()
+        super().crop(max_length)
+        after = self.get_seq_length()
+        if after == before:
+            return
+        for state in self.operator_state.values():
+            for key, value in list(state.items()):
+                if isinstance(value, torch.Tensor):
+                    state[key] = value[:, :, :after]
+                elif isinstance(value, list):
+                    state[key] = [v[:, :, :after] if isinstance(v, torch.Tensor) else v for v in value]
+                elif hasattr(value, "crop"):
+                    value.crop(after)
+                elif hasattr(value, "reset"):
+                    value.reset()
+
+    def reset(self) -> None:  # noqa: D102
+        super().reset()
+        self.operator_state = {}
+
+
+def layer_state(cache: Cache | None, layer_idx: int) -> dict[str, Any] | None:
+    """The operator-state dict of ``layer_idx`` (created on first use), or None without a cache.
+
+    A cache that is not an :class:`SVLMCache` gets the dict attached as ``sv_operator_state``.
+    """
+    if cache is None:
+        return None
+    store = getattr(cache, "operator_state", None)
+    if store is None:
+        store = cache.__dict__.setdefault("sv_operator_state", {})
+    return store.setdefault(layer_idx, {})
+
+
+# --------------------------------------------------------------------------------------------------
+# operators: each takes (module, query [b,h,q,d], key/value [b,h,kv,d], mask bool [b,1,q,kv]) and
+# returns (out [b, q, h, d], weights or None)
+# --------------------------------------------------------------------------------------------------
+def masked_softmax_weights(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None,
+                           scaling: float) -> torch.Tensor:
+    """Softmax attention weights ``[b, h, q, kv]``; rows with no visible key are exactly zero.
+
+    Computed in float32 (or the input dtype when wider) without NaN: masked logits are set to the
+    dtype's minimum and the rows with no visible key are multiplied by 0.
+    """
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    scores = torch.matmul(query.to(dtype), key.to(dtype).transpose(-1, -2)) * scaling
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    scores = scores.masked_fill(~mask, torch.finfo(dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    return weights * mask.any(dim=-1, keepdim=True).to(dtype)
+
+
+def _dropout(weights: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    return F.dropout(weights, p=p, training=training) if p > 0.0 else weights
+
+
+def softmax_reference(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention with explicit weights (the plain reference; used for ``output_attentions``)."""
+    weights = masked_softmax_weights(query, key, mask, scaling)
+    out = torch.matmul(_dropout(weights, dropout, module.training), value.to(weights.dtype))
+    return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
+
+
+def softmax_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
+                     output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Causal softmax attention (the mask carries causality and padding).
+
+    Runs :func:`sv_attention.ops.ceq.stock_attention` (transformers' SDPA path), the same stock path the
+    ceq hybrid adds its hops to, so ``ceq`` with alpha = 0 is bitwise this operator. With
+    ``output_attentions`` the explicit :func:`softmax_reference` runs instead and returns the weights.
+    """
+    if output_attentions:
+        return softmax_reference(module, query, key, value, mask, scaling, dropout)
+    from sv_attention.ops.ceq import stock_attention
+
+    out = stock_attention(query, key, value, mask, scaling=scaling, dropout=dropout, training=module.training)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def window_mask(query_slots: torch.Tensor, key_slots: torch.Tensor, window: int) -> torch.Tensor:
+    """Boolean ``[q, kv]``: key slot j visible from query slot i when ``i - window < j`` (causality apart)."""
+    return key_slots[None, :] > query_slots[:, None] - window
+
+
+def swa_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
+                 query_slots: torch.Tensor | None = None, key_slots: torch.Tensor | None = None,
+                 **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sliding-window softmax attention: query i reads the slots ``(i - window, i]``."""
+    window = module.config.operator_config["window"]
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    if key_slots is None:
+        key_slots = torch.arange(kv_len, device=query.device)
+    if query_slots is None:
+        query_slots = torch.arange(kv_len - q_len, kv_len, device=query.device)
+    local = window_mask(query_slots, key_slots, window)[None, None]
+    mask = local if mask is None else (mask & local)
+    return softmax_operator(module, query, key, value, mask, scaling, dropout, **kwargs)
+
+
+def ceq_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
+                 operator_state: dict[str, Any] | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """ceq (``hybrid``: softmax + sum_h (alpha A)^h v, alpha = ``module.ceq_alpha``) and ceq_path_sum.
+
+    With a cache, the layer's :class:`sv_attention.ops.hop_cache.HopCache` (in ``operator_state["hop"]``)
+    holds the hop history so decoding equals the full prefill.
+    """
+    from sv_attention.ops.ceq import ceq_attention
+    from sv_attention.ops.hop_cache import HopCache, ceq_attention_cached
+
+    knobs = module.config.operator_config
+    hybrid = module.config.operator == "ceq"
+    common = dict(form="hybrid" if hybrid else "path_sum", operator=knobs["gate"],
+                  alpha=module.ceq_alpha if hybrid else 1.0, hops=knobs["hops"], rho=knobs["rho"],
+                  lam=knobs.get("lam"), scaling=scaling, dropout=dropout, training=module.training)
+    if operator_state is None:
+        out = ceq_attention(query, key, value, mask, **common)
+    else:
+        hop = operator_state.get("hop")
+        if hop is None:
+            hop = operator_state["hop"] = HopCache()
+        out = ceq_attention_cached(query, key, value, mask, hop, **common)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def smprime_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
+                     operator_state: dict[str, Any] | None = None, hidden_states: torch.Tensor | None = None,
+                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """smprime (:class:`sv_attention.ops.smprime.SMPrime`, one per layer in ``module.smprime``).
+
+    The gates ``m``, ``theta`` come from the layer's input ``hidden_states``. smprime's row i depends on
+    every ``m_k`` / ``theta_k`` with ``k <= i``, so decoding keeps the queries and gates of earlier
+    positions in ``operator_state`` and recomputes the new rows from them with the same function as the
+    prefill (O(s^2) per step: exact, not a recurrent state).
+    """
+    from sv_attention.errors import InvalidInputError as _Invalid
+
+    if hidden_states is None:
+        raise UnsupportedFeatureError("smprime needs the layer's hidden_states (call it through SVAttention)")
+    sm = module.smprime
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    m, theta = sm.gates(hidden_states)
+    q_all, m_all, th_all = query, m, theta
+    past = kv_len - q_len
+    if operator_state is not None:
+        if past > 0:
+            prev = operator_state.get("q")
+            if prev is None or prev.shape[2] != past or prev.shape[0] != query.shape[0]:
+                raise _Invalid(f"smprime cache holds {0 if prev is None else prev.shape[2]} positions, the call "
+                               f"needs {past}; reset the cache together with the key/value cache")
+            q_all = torch.cat([prev, query], 2)
+            m_all = torch.cat([operator_state["m"], m], -1)
+            th_all = torch.cat([operator_state["theta"], theta], -1)
+        operator_state.update(q=q_all, m=m_all, theta=th_all)
+    elif past > 0:
+        raise _Invalid("smprime with cached keys needs its operator state (use SVLMCache)")
+    key_pad = None if mask is None else mask[:, 0, -1, :]  # the last row sees every real key
+    if key_pad is not None and bool(key_pad.all()):
+        key_pad = None
+    from sv_attention.ops.smprime import smprime_attention
+
+    out = smprime_attention(q_all, key, value, m_all.to(query.dtype), th_all.to(query.dtype),
+                            beta=sm.beta.to(query.dtype), qk=sm.qk.to(query.dtype), mask=key_pad,
+                            scaling=scaling)
+    return out[:, :, -q_len:].transpose(1, 2).contiguous(), None
+
+
+def sv_box(knobs: dict[str, Any]) -> tuple[float, int]:
+    """``(C, warm-up size)`` of the ``sv`` operator: ``C = 1/(nu n0)`` fixed, warm-up ``ceil(1/C) + 2``."""
+    C = 1.0 / (knobs["nu"] * knobs["n0"])
+    return C, int(math.ceil(1.0 / C - 1e-9)) + 2
+
+
+class PaddedGateCaches:
+    """One :class:`sv_attention.ops.causal.GateCache` per left-padding length (``sv`` with a padded batch).
+
+    Rows with ``p`` leading pad columns are gated at their own positions (boundaries ``p + s``), so each
+    padding length keeps its own memo. Batch reorders and crops :meth:`reset` it (recomputed from the
+    cached keys on the next call), as :class:`SVLMCache` does for a single ``GateCache``.
+    """
+
+    def __init__(self) -> None:
+        self.by_pad: dict[int, Any] = {}
+
+    def get(self, pad: int) -> Any:
+        from sv_attention.ops.causal import GateCache
+
+        if pad not in self.by_pad:
+            self.by_pad[pad] = GateCache()
+        return self.by_pad[pad]
+
+    def reset(self) -> None:
+        self.by_pad.clear()
+
+
+def leading_pad(mask: torch.Tensor | None, batch: int, kv_len: int) -> list[int] | None:
+    """Per row, the number of leading key columns no query attends (left padding); None when no row has any.
+
+    Parameters
+    ----------
+    mask : bool ``[b|1, 1|h, q, kv]`` (True = attend) or None
+    """
+    if mask is None or mask.shape[0] != batch or mask.shape[0] == 1:
+        return None
+    visible = mask.any(-2).any(1)  # [b, kv]
+    first = torch.where(visible.any(-1), visible.to(torch.int8).argmax(-1), torch.full_like(visible[:, 0],
+                        kv_len, dtype=torch.long))
+    pads = [int(x) for x in first.tolist()]
+    return pads if any(pads) else None
+
+
+def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
+                operator_state: dict[str, Any] | None = None, output_attentions: bool = False,
+                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The causal hybrid SV layer (DESIGN §2.5) through :func:`sv_attention.ops.causal.sv_hybrid_attention`.
+
+    Queries in chunk ``[s, s + chunk)`` read the gate fitted on the keys at positions ``< s``: softmax
+    weights times ``alpha_j`` on that prefix, times 1 on the current chunk, one softmax over ``[0, t]``
+    renormalised. Chunk 0 and boundaries below the warm-up size ``ceil(1/C) + 2`` are plain causal softmax.
+    With a cache, the layer's :class:`sv_attention.ops.causal.GateCache` (``operator_state["gate"]``)
+    memoises the per-boundary gates (checked against a key fingerprint), so decoding fits each boundary
+    once and equals the recomputation.
+
+    Positions are counted from each row's first real token: rows of a left-padded batch (``mask`` hides
+    their ``p`` leading columns) are run per padding length on the columns ``[p, kv)``, so their chunk
+    boundaries, bandwidth and gates are those of the same text without padding (pad queries output 0).
+    Interior holes in the mask are masked, not re-indexed.
+
+    ``detach_gate=True`` (default, as published): gradients reach q, k, v through the softmax logits and
+    values, not through alpha; False differentiates through the ridged bordered solve. The batched
+    solver's coefficients carry no deletion certificate; only the exact solver's do.
+
+    Parameters
+    ----------
+    query : ``[b, h, q, d]``; key, value : ``[b, h, kv, d]``; mask : bool ``[b|1, 1, q, kv]`` or None
+
+    Returns
+    -------
+    out ``[b, q, h, d]``, weights ``[b, h, q, kv]`` (with ``output_attentions``) or None
+    """
+    from sv_attention.ops.causal import GateCache, sv_hybrid_attention
+
+    knobs = module.config.operator_config
+    C, _ = sv_box(knobs)
+    common = dict(C=C, sigma=knobs["sigma"], chunk=knobs["chunk"], scaling=scaling, causal=True,
+                  solver=knobs["solver"], gate_floor=knobs["gate_floor"], detach_gate=knobs["detach_gate"],
+                  return_weights=output_attentions)
+    b, h, q_len, d = query.shape
+    kv_len = key.shape[-2]
+    pads = leading_pad(mask, b, kv_len)
+    if pads is None:
+        gate = None
+        if operator_state is not None:
+            gate = operator_state.get("gate")
+            if gate is None:
+                gate = operator_state["gate"] = GateCache()
+        out, weights = sv_hybrid_attention(query, key, value, mask=mask, gate_cache=gate, **common)
+        return out.transpose(1, 2).contiguous(), weights
+    caches = None
+    if operator_state is not None:
+        caches = operator_state.get("gate_by_pad")
+        if caches is None:
+            caches = operator_state["gate_by_pad"] = PaddedGateCaches()
+    out = query.new_zeros(b, h, q_len, value.shape[-1])
+    weights = query.new_zeros(b, h, q_len, kv_len) if output_attentions else None
+    for pad in sorted(set(pads)):
+        rows = torch.tensor([i for i, p in enumerate(pads) if p == pad], device=query.device)
+        q0 = max(0, pad - (kv_len - q_len))  # queries before q0 sit on pad slots
+        if q0 >= q_len:
+            continue
+        o, w = sv_hybrid_attention(
+            query.index_select(0, rows)[:, :, q0:], key.index_select(0, rows)[:, :, pad:],
+            value.index_select(0, rows)[:, :, pad:], mask=mask.index_select(0, rows)[:, :, q0:, pad:],
+            gate_cache=None if caches is None else caches.get(pad), **common,
+        )
+        out = out.index_copy(0, rows, F.pad(o, (0, 0, q0, 0)))
+        if weights is not None and w is not None:
+            weights = weights.index_copy(0, rows, F.pad(w.to(weights.dtype), (pad, 0, q0, 0)))
+    return out.transpose(1, 2).contiguous(), weights
+
+
+OPERATOR_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
+    "sv": sv_operator,
+    "smprime": smprime_operator,
+    "softmax": softmax_operator,
+    "swa": swa_operator,
+    "ceq": ceq_operator,
+    "ceq_path_sum": ceq_operator,
+}
+
+
+def sv_operator_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask: torch.Tensor | None, scaling: float | None = None,
+                          dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The model's own attention: dispatch to the operator named by ``module.config.operator``.
+
+    Parameters
+    ----------
+    module : the attention module (holds ``config`` and the operator's parameters)
+    query : ``[b, h, q, d]``; key, value : ``[b, h, kv, d]`` (cached past included)
+    attention_mask : bool / additive ``[b, 1, q, kv]`` or None
+    scaling : logit scale (default ``1/sqrt(d)``)
+
+    Returns
+    -------
+    out ``[b, q, h, d]``, weights ``[b, h, q, kv]`` or None
+    """
+    for name in ("softcap", "s_aux", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise UnsupportedFeatureError(f"the sv_lm operators do not implement {name!r}")
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    mask = to_bool_mask(attention_mask, q_len, kv_len)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    op = module.config.operator
+    fn = OPERATOR_FUNCTIONS.get(op)
+    if fn is None:
+        fn = _load_operator(op)
+    return fn(module, query, key, value, mask, scaling, dropout, **kwargs)
+
+
+def _load_operator(op: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
+    raise UnsupportedFeatureError(f"operator {op!r} is not available in this build of modeling_sv.py")
+
+
+# --------------------------------------------------------------------------------------------------
+# layers
+# --------------------------------------------------------------------------------------------------
+class SVAttention(nn.Module):
+    """Multi-head attention with q/k/v/o projections and a pluggable operator.
+
+    Operator-specific parameters live here (``ceq_alpha`` for ``ceq``; the smprime heads and scalars
+    for ``smprime``) so that the backbone is identical across operators.
+    """
+
+    def __init__(self, config: Any, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim ** -0.5
+        self.is_causal = True
+        self.attention_dropout = config.dropout
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
+        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
+        build_operator_parameters(self, config)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                cache: Cache | None = None, query_slots: torch.Tensor | None = None,
+                key_slots: torch.Tensor | None = None, **kwargs: Any,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``hidden_states`` ``[b, t, hidden]`` -> ``([b, t, hidden], weights or None)``."""
+        b, t, _ = hidden_states.shape
+        shape = (b, t, self.num_heads, self.head_dim)
+        query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+        key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+        value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, sv_operator_attention
+        )
+        out, weights = attention_interface(
+            self, query, key, value, attention_mask,
+            scaling=self.scaling,
+            dropout=self.attention_dropout if self.training else 0.0,
+            operator_state=layer_state(cache, self.layer_idx),
+            query_slots=query_slots, key_slots=key_slots,
+            hidden_states=hidden_states,
+            **kwargs,
+        )
+        out = out.reshape(b, t, -1).contiguous()
+        return self.o_proj(out), weights
+
+
+def build_operator_parameters(module: SVAttention, config: Any) -> None:
+    """Create the operator-specific parameters of one attention layer."""
+    if config.operator == "ceq":
+        # alpha = 0: the layer is exactly softmax attention at initialisation
+        module.ceq_alpha = nn.Parameter(torch.zeros(()))
+    elif config.operator == "smprime":
+        from sv_attention.ops.smprime import M_BIAS, THETA_BIAS, SMPrime
+
+        module.smprime = SMPrime(config.hidden_size, config.num_attention_heads)
+        # _init_weights would give these heads the generic normal init (m ~ 0 annihilates every path):
+        # mark them so it restores SMPrime's own init (zero weights, biases 1 - 1e-3 / 1e-3)
+        module.smprime.u_head._sv_head_bias = M_BIAS
+        module.smprime.theta_head._sv_head_bias = THETA_BIAS
+        knobs = config.operator_config
+        module.smprime._sv_scalar_init = {name: knobs[f"{name}_init"] for name in ("beta", "qk", "g")}
+
+
+class SVMLP(nn.Module):
+    """``Linear(hidden, 4 hidden) -> GELU -> Linear(4 hidden, hidden)``."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(F.gelu(self.fc_in(x)))
+
+
+class SVDecoderLayer(GradientCheckpointingLayer):
+    """Pre-norm block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``."""
+
+    def __init__(self, config: Any, layer_idx: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.attn = SVAttention(config, layer_idx)
+        self.ln_2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = SVMLP(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                cache: Cache | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attn_out, weights = self.attn(self.ln_1(hidden_states), attention_mask=attention_mask, cache=cache,
+                                      **kwargs)
+        hidden_states = hidden_states + self.dropout(attn_out)
+        hidden_states = hidden_states + self.dropout(self.mlp(self.ln_2(hidden_states)))
+        return hidden_states, weights
+
+
+# --------------------------------------------------------------------------------------------------
+# models
+# --------------------------------------------------------------------------------------------------
+class SVPreTrainedModel(PreTrainedModel):
+    """Shared plumbing: config class, weight init, capability flags.
+
+    ``_supports_sdpa`` / ``_supports_flash_attn`` / ``_supports_flex_attn`` are False on purpose: the
+    default attention implementation then resolves to ``"eager"``, which dispatches to the model's own
+    operator (:func:`sv_operator_attention`).
+    """
+
+    config_class = SVConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["SVDecoderLayer"]
+    _supports_sdpa = False
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    _supports_attention_backend = True
+    _can_compile_fullgraph = False
+
+    def _init_weights(self, module: nn.Module) -> None:
+        head_bias = getattr(module, "_sv_head_bias", None)
+        if head_bias is not None and isinstance(module, nn.Linear):  # smprime gate heads
+            _fill(module.weight, 0.0)
+            _fill(module.bias, head_bias)
+            return
+        super()._init_weights(module)
+        # (a module without parameters of its own, e.g. SVAttention under smprime, is skipped by
+        # transformers for remote code: so each operator-specific initialisation hangs on the module that
+        # owns the parameter)
+        if isinstance(module, SVAttention):
+            init_operator_parameters(module)
+        scalars = getattr(module, "_sv_scalar_init", None)
+        if scalars is not None:  # SMPrime: beta, qk, g from the config's *_init knobs
+            for name, value in scalars.items():
+                _fill(getattr(module, name), value)
+        if isinstance(module, SVModel):
+            # non-persistent buffer: recomputed here because from_pretrained builds on the meta device
+            positions = torch.arange(module.config.max_position_embeddings, device=module.position_ids.device)
+            _copy(module.position_ids, positions)
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if hf_init is not None and hasattr(hf_init, "copy_"):
+        hf_init.copy_(dst, src)
+    else:  # pragma: no cover
+        with torch.no_grad():
+            dst.copy_(src)
+
+
+def _fill(param: torch.Tensor, value: float) -> None:
+    if hf_init is not None and hasattr(hf_init, "constant_"):
+        hf_init.constant_(param, value)
+    else:  # pragma: no cover
+        with torch.no_grad():
+            param.fill_(value)
+
+
+def init_operator_parameters(module: SVAttention) -> None:
+    """Initialise the operator-specific parameters of the attention module (ceq alpha = 0, so ceq starts
+    as softmax attention)."""
+    if hasattr(module, "ceq_alpha"):
+        _fill(module.ceq_alpha, 0.0)
+
+
+class SVModel(SVPreTrainedModel):
+    """The decoder without the head: ``input_ids [b, t]`` -> hidden states ``[b, t, hidden]``."""
+
+    def __init__(self, config: SVConfig) -> None:
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList([SVDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings), persistent=False)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
+                inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                past_key_values: Cache | None = None, return_dict: bool | None = None,
+                **kwargs: Any) -> BaseModelOutputWithPast:
+        """Run the decoder.
+
+        Parameters
+        ----------
+        input_ids : ``[b, t]`` byte ids, or ``inputs_embeds`` ``[b, t, hidden]``
+        attention_mask : ``[b, past + t]`` padding mask (1 = real token), a 4-D bool / additive mask, or None
+        position_ids : ``[b|1, t]``; default ``past + arange(t)``; must stay below ``max_position_embeddings``
+        cache / past_key_values : a transformers ``Cache`` (both spellings accepted)
+        """
+        cache = cache if cache is not None else past_key_values
+        if (input_ids is None) == (inputs_embeds is None):
+            raise InvalidInputError("pass exactly one of input_ids or inputs_embeds")
+        if input_ids is not None:
+            if input_ids.dim() != 2:
+                raise InvalidInputError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+            if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+                raise InvalidInputError(f"input_ids must be an integer tensor of byte ids, got {input_ids.dtype}")
+            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
+                raise InvalidInputError(
+                    f"input_ids must lie in [0, {self.config.vocab_size}); got values in "
+                    f"[{int(input_ids.min())}, {int(input_ids.max())}]"
+                )
+            inputs_embeds = self.embed_tokens(input_ids)
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        if use_cache and cache is None:
+            cache = SVLMCache(config=self.config)
+        if not use_cache:
+            cache = None
+        output_attentions = bool(output_attentions)
+        b, t = inputs_embeds.shape[:2]
+        device = inputs_embeds.device
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            position_ids = (past + torch.arange(t, device=device))[None, :]
+        if position_ids.numel() and int(position_ids.max()) >= self.config.max_position_embeddings:
+            raise InvalidInputError(
+                f"position {int(position_ids.max())} is beyond the block size "
+                f"max_position_embeddings={self.config.max_position_embeddings}; shorten the input "
+                f"(or the generation length) so that prompt + new tokens <= {self.config.max_position_embeddings}"
+            )
+        hidden = self.drop(inputs_embeds + self.embed_positions(position_ids))
+
+        kv_len = past + t
+        query_slots = torch.arange(past, kv_len, device=device)
+        key_slots = torch.arange(kv_len, device=device)
+        mask = build_mask(attention_mask, query_slots, key_slots, b)
+
+        all_hidden: tuple[torch.Tensor, ...] | None = () if output_hidden_states else None
+        all_attn: tuple[torch.Tensor, ...] | None = () if output_attentions else None
+        for layer in self.layers:
+            if all_hidden is not None:
+                all_hidden += (hidden,)
+            hidden, weights = layer(hidden, attention_mask=mask, cache=cache, query_slots=query_slots,
+                                    key_slots=key_slots, output_attentions=output_attentions)
+            if all_attn is not None:
+                all_attn += (weights,)
+        hidden = self.norm(hidden)
+        if all_hidden is not None:
+            all_hidden += (hidden,)
+        out = BaseModelOutputWithPast(last_hidden_state=hidden, hidden_states=all_hidden, attentions=all_attn,
+                                      **{CACHE_FIELD: cache})
+        return out.to_tuple() if return_dict is False else out
+
+
+def build_mask(attention_mask: torch.Tensor | None, query_slots: torch.Tensor, key_slots: torch.Tensor,
+               batch: int) -> torch.Tensor:
+    """Causal (+ padding) boolean mask ``[b|1, 1, q, kv]``, True = attend.
+
+    A 2-D padding mask must cover the cached past and the new tokens (``[b, past + t]``).
+    """
+    q_len, kv_len = query_slots.numel(), key_slots.numel()
+    causal = (key_slots[None, :] <= query_slots[:, None])[None, None]
+    if attention_mask is None:
+        return causal
+    if attention_mask.dim() == 2:
+        if attention_mask.shape != (batch, kv_len):
+            raise MaskError(
+                f"2-D attention_mask has shape {tuple(attention_mask.shape)}; expected [batch, past + new] = "
+                f"[{batch}, {kv_len}] (cover the cached tokens too)"
+            )
+        if bool(attention_mask.to(torch.bool).all()):
+            return causal
+    pad = to_bool_mask(attention_mask, q_len, kv_len)
+    return causal & pad
+
+
+class SVForCausalLM(SVPreTrainedModel, GenerationMixin):
+    """:class:`SVModel` with the weight-tied byte head (``lm_head.weight is model.embed_tokens.weight``)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: SVConfig) -> None:
+        super().__init__(config)
+        self.model = SVModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, cache: Cache | None = None,
+                inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
+                past_key_values: Cache | None = None, return_dict: bool | None = None,
+                **kwargs: Any) -> CausalLMOutputWithPast:
+        """Logits ``[b, t, 256]``; with ``labels`` ``[b, t]`` the next-byte cross-entropy (-100 ignored)."""
+        cache = cache if cache is not None else past_key_values
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                         output_attentions=output_attentions, output_hidden_states=output_hidden_states)
+        hidden = out.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden = hidden[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, torch.Tensor):
+            hidden = hidden[:, logits_to_keep]
+        logits = self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            if labels.shape != logits.shape[:2]:
+                raise InvalidInputError(
+                    f"labels must have the shape of the input [batch, seq] = {tuple(logits.shape[:2])} (the "
+                    f"model shifts them by one itself), got {tuple(labels.shape)}; with logits_to_keep, "
+                    "compute the loss yourself"
+                )
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                                   labels[:, 1:].reshape(-1).to(logits.device), ignore_index=-100)
+        result = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                        attentions=out.attentions, **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
+        return result.to_tuple() if return_dict is False else result
+
+    def _prepare_cache_for_generation(self, generation_config: Any, model_kwargs: dict, *args: Any,
+                                      **kwargs: Any) -> Any:
+        """Like transformers' own, but the default cache is an :class:`SVLMCache`."""
+        result = super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        for name in ("cache", "past_key_values"):
+            made = model_kwargs.get(name)
+            if type(made) is DynamicCache and not getattr(made, "_is_user_defined", False):
+                model_kwargs[name] = SVLMCache(config=self.config)
+        return result
+
+
+__all__ = ["SVConfig", "SVModel", "SVForCausalLM", "SVPreTrainedModel", "SVLMCache", "sv_operator_attention"]
