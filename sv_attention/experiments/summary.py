@@ -5,8 +5,8 @@
 * it has a ``table`` list of ``{metric, published, ours[, note]}`` rows (every ``reproduce`` command of
   :mod:`sv_attention.experiments` writes one), or
 * it has a ``published`` mapping: each numeric leaf (path ``a.b.c``) is paired with the number at the
-  same path in the payload or in its ``summary`` (``ours`` is None when there is no such number; the
-  row then points at the file).
+  same path in the payload or in its ``summary`` (a mapping of numbers there is shown as ``k=v, ...``;
+  ``ours`` is None when there is nothing at that path, and the row then points at the file).
 
 Every row carries the command that produced the file (from its provenance).
 """
@@ -34,12 +34,23 @@ def _leaves(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return []
 
 
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def _lookup(obj: Any, path: str) -> Any:
+    """The number at ``path``; for a mapping of numbers there, a compact ``"k=v, ..."`` string of them."""
     for part in path.split("."):
         if not isinstance(obj, dict) or part not in obj:
             return None
         obj = obj[part]
-    return obj if isinstance(obj, (int, float)) and not isinstance(obj, bool) else None
+    if _is_num(obj):
+        return obj
+    if isinstance(obj, dict):
+        nums = [(k, v) for k, v in obj.items() if _is_num(v)]
+        if nums:
+            return ", ".join(f"{k}={v:.4g}" for k, v in nums[:6])
+    return None
 
 
 def rows_for(name: str, data: dict[str, Any]) -> list[dict[str, Any]]:

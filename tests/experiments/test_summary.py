@@ -7,7 +7,8 @@ from sv_attention.results import write_result
 def test_rows_from_tables_and_from_published_mappings(tmp_path):
     write_result("secret", {"table": [{"metric": "m|1", "published": 0.8, "ours": 0.75}]},
                  tmp_path / "secret.json", command="sv-attention reproduce secret")
-    write_result("other", {"published": {"a": {"b": 0.5}, "c": 1.0}, "a": {"b": 0.25}, "summary": {}},
+    write_result("other", {"published": {"a": {"b": 0.5}, "c": 1.0, "e": 0.9}, "a": {"b": 0.25}, "summary": {},
+                           "e": {"rare": 0.85, "all": 0.9, "label": "x"}},
                  tmp_path / "other.json", command="x")
     (tmp_path / "broken.json").write_text("{not json")
     rows = experiment_table_rows(tmp_path)
@@ -15,6 +16,7 @@ def test_rows_from_tables_and_from_published_mappings(tmp_path):
                        "command": "sv-attention reproduce secret", "note": ""}
     other = {r["metric"]: r for r in rows if r["experiment"] == "other"}
     assert other["a.b"]["ours"] == 0.25 and other["c"]["ours"] is None
+    assert other["e"]["ours"] == "rare=0.85, all=0.9"
     assert any(r["metric"] == "unreadable result file" for r in rows)
     md = render_markdown(rows)
     assert "m\\|1" in md and md.count("\n") == len(rows) + 2
