@@ -2,17 +2,14 @@
 
 The repository's model lives in two remote-code files at the repository root (``configuration_sv.py``,
 ``modeling_sv.py``), not inside the package, because a Hub artifact must carry them as flat files. They
-are imported as top-level modules ``configuration_sv`` / ``modeling_sv``: from ``sys.path`` when the
-repository root is on it (tests, ``python -m`` from a checkout), otherwise from the file next to the
-installed package (an editable install or a source checkout), registered under the same names so every
-caller sees one class object.
+are imported as top-level modules ``configuration_sv`` / ``modeling_sv`` through
+:func:`sv_attention.artifact.remote.load_module` (from ``sys.path`` when the repository root is on it,
+otherwise from the source checkout next to the installed package), so every caller sees one class
+object.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,40 +20,24 @@ from sv_attention.errors import ConfigError
 from sv_attention.train.config import TrainConfig
 
 
-def _candidate_dirs() -> list[Path]:
-    pkg = Path(__file__).resolve().parent.parent  # sv_attention/
-    return [pkg.parent, pkg / "artifact" / "template", pkg / "artifact" / "remote_code"]
-
-
 def load_root_module(name: str) -> ModuleType:
     """Import a repository-root remote-code module (``configuration_sv`` or ``modeling_sv``).
+
+    One mechanism for the whole package: :func:`sv_attention.artifact.remote.load_module` (the exporter
+    uses it too), so training and export see the same class objects.
 
     Raises
     ------
     ConfigError
         When the file cannot be found (a non-editable install without the model files).
     """
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    if spec is not None and spec.origin:
-        return importlib.import_module(name)
-    for d in _candidate_dirs():
-        path = d / f"{name}.py"
-        if path.is_file():
-            spec = importlib.util.spec_from_file_location(name, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[name]
-                raise
-            return module
-    raise ConfigError(
-        f"cannot find {name}.py (looked on sys.path and in {[str(d) for d in _candidate_dirs()]}); "
-        "install sv-attention from a source checkout (pip install -e .) or run from the repository root.")
+    from sv_attention.artifact.remote import load_module
+    from sv_attention.errors import ArtifactError
+
+    try:
+        return load_module(name)
+    except ArtifactError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def sv_classes() -> tuple[type, type]:
