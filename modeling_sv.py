@@ -360,7 +360,8 @@ def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
 
     ``detach_gate=True`` (default, as published): gradients reach q, k, v through the softmax logits and
     values, not through alpha; False differentiates through the ridged bordered solve. The batched
-    solver's coefficients carry no deletion certificate; only the exact solver's do.
+    solver's coefficients carry no deletion certificate; only the exact solver's do. Half-precision
+    inputs (float16 / bfloat16) are computed in float32 and the output cast back.
 
     Parameters
     ----------
@@ -379,6 +380,9 @@ def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
                   return_weights=output_attentions)
     b, h, q_len, d = query.shape
     kv_len = key.shape[-2]
+    dtype = query.dtype
+    if dtype in (torch.float16, torch.bfloat16):  # the gate's linear solves need float32 (CPU LU has no bf16)
+        query, key, value = query.float(), key.float(), value.float()
     pads = leading_pad(mask, b, kv_len)
     if pads is None:
         gate = None
@@ -387,7 +391,7 @@ def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
             if gate is None:
                 gate = operator_state["gate"] = GateCache()
         out, weights = sv_hybrid_attention(query, key, value, mask=mask, gate_cache=gate, **common)
-        return out.transpose(1, 2).contiguous(), weights
+        return out.to(dtype).transpose(1, 2).contiguous(), None if weights is None else weights.to(dtype)
     caches = None
     if operator_state is not None:
         caches = operator_state.get("gate_by_pad")
@@ -408,7 +412,7 @@ def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
         out = out.index_copy(0, rows, F.pad(o, (0, 0, q0, 0)))
         if weights is not None and w is not None:
             weights = weights.index_copy(0, rows, F.pad(w.to(weights.dtype), (pad, 0, q0, 0)))
-    return out.transpose(1, 2).contiguous(), weights
+    return out.to(dtype).transpose(1, 2).contiguous(), None if weights is None else weights.to(dtype)
 
 
 OPERATOR_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {

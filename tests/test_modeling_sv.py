@@ -384,3 +384,13 @@ def test_prompt_lookup_decoding_crops_operator_state(op, knobs):
         step = m(x[:, 10:], cache=cache).logits
         full = m(x, use_cache=False).logits
     torch.testing.assert_close(step, full[:, 10:], rtol=1e-5, atol=1e-5)
+
+
+def test_sv_runs_in_bfloat16_close_to_float32():
+    m = tiny("sv", SV_KNOBS, seed=14)
+    x = torch.randint(0, 256, (2, 13), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = m(x, use_cache=False).logits
+        got = m.to(torch.bfloat16)(x, use_cache=False).logits
+    assert got.dtype == torch.bfloat16
+    assert float((got.float() - ref).abs().max()) <= 0.05 * float(ref.abs().max())
