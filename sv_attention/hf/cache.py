@@ -281,6 +281,7 @@ class CertifiedCache(Cache):
                     "use the model's own cache for sliding-window / hybrid models")
         self.offload_device = None if offload is None else torch.device(offload)
         self.restore_events: list[RestoreEvent] = []
+        self._valid: np.ndarray | None = None  # [b, L] bool: real tokens (set_padding); None: no padding
         self._config = text_cfg
         super().__init__(layers=[CertifiedLayer(i) for i in range(num_layers)])
 
@@ -333,13 +334,14 @@ class CertifiedCache(Cache):
         set, restore events) and no gate is left pending for another call.
         """
         snaps = [layer.snapshot() for layer in self.layers]
-        n_events = len(self.restore_events)
+        n_events, valid = len(self.restore_events), self._valid
         try:
             return fn(*args)
         except BaseException as exc:
             for layer, st in zip(self.layers, snaps, strict=True):
                 layer.rollback(st)
             del self.restore_events[n_events:]
+            self._valid = valid
             clear_pending_gates()
             if isinstance(exc, SVAttentionError) or not isinstance(exc, Exception):
                 raise
@@ -368,6 +370,7 @@ class CertifiedCache(Cache):
         """Drop every slot, solver, offloaded token and restore event (the settings stay)."""
         super().reset()
         self.restore_events = []
+        self._valid = None
 
     def crop(self, max_length: int) -> None:
         """Keep the first positions only: ``max_length < 0`` removes that many trailing positions (the
@@ -422,22 +425,93 @@ class CertifiedCache(Cache):
         return layer._snap_alpha
 
     def _advance(self, layer: CertifiedLayer, s: int) -> None:
-        """Admit the keys at positions ``[admitted_upto, s)`` into the layer's solvers."""
+        """Admit the real (non-padding) keys at positions ``[admitted_upto, s)`` into the solvers of the
+        started rows; start every row that now has its first chunk of real keys (its bandwidth from those
+        keys) and admit its real keys at positions ``< s``."""
         if layer.admitted_upto >= s:
             return
         pos = layer.slot_positions()
+        b, h = layer.keys.shape[0], layer.keys.shape[1]
         if layer.bank is None:
-            first = np.flatnonzero(pos < self.chunk)
-            idx = torch.from_numpy(first).to(layer.keys.device)
-            layer.bank = SolverBank.from_first_chunk(self.C, layer.keys.index_select(-2, idx),
-                                                     self.settings.sigma)
+            layer.bank = SolverBank.empty(self.C, b, h)
+        bank = layer.bank
+        valid = self._valid_at(pos, b)  # [b, slots]
+        dev = layer.keys.device
+        revived: set[int] = set()
+        rows = [i for i in range(b) if bank.started(i)]
         sel = np.flatnonzero((pos >= layer.admitted_upto) & (pos < s))
-        if sel.size:
-            idx = torch.from_numpy(sel).to(layer.keys.device)
-            adm = layer.bank.admit(layer.keys.index_select(-2, idx), pos[sel])
-            self._restore(layer, adm.readmitted, trigger=f"admission of chunk ending at position {s}")
+        if sel.size and rows:
+            idx = torch.from_numpy(sel).to(dev)
+            revived |= bank.admit(layer.keys.index_select(-2, idx), pos[sel], valid[:, sel], rows=rows).readmitted
+        for i in range(b):
+            first = self._first_chunk_end(i, s)
+            if bank.started(i) or first is None:
+                continue
+            lead = np.flatnonzero(valid[i] & (pos <= first))
+            keys_i = layer.keys[i].index_select(-2, torch.from_numpy(lead).to(dev))
+            bank.start_row(i, SolverBank.bandwidth(keys_i, self.settings.sigma), s)
+            sel = np.flatnonzero(valid[i] & (pos < s))
+            if sel.size:
+                idx = torch.from_numpy(sel).to(dev)
+                revived |= bank.admit(layer.keys.index_select(-2, idx), pos[sel], rows=[i]).readmitted
+        self._restore(layer, revived, trigger=f"admission of chunk ending at position {s}")
         layer.admitted_upto = s
         layer.invalidate_snapshot()
+
+    # ------------------------------------------------------------------ padding
+    def set_padding(self, attention_mask: torch.Tensor) -> None:
+        """Declare which of the first positions are padding, per batch row (before the first forward).
+
+        Padding keys then never enter a row's solvers: each row's gate is fitted on its real keys only,
+        and a row's chunk boundaries count its real tokens (a row starts its solvers once it has
+        ``chunk`` real keys, with the bandwidth of those keys). With as many pads as a multiple of the
+        chunk, a left-padded row then computes exactly what the same sequence computes alone. The model
+        still needs the same ``attention_mask`` (``generate`` passes it) to mask the pad slots.
+
+        Parameters
+        ----------
+        attention_mask : Tensor ``[b, L]`` of 0/1 (or bool)
+            1 for a real token, 0 for padding, for positions ``0 .. L-1``; later positions are real.
+
+        Raises
+        ------
+        InvalidInputError
+            Not a 2-D 0/1 tensor, or the cache already holds tokens (declare padding on a fresh cache).
+        """
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+            raise InvalidInputError("set_padding needs attention_mask as a 2-D tensor [batch, positions] of 0/1")
+        m = attention_mask.detach().cpu()
+        if m.dtype != torch.bool and not bool(((m == 0) | (m == 1)).all()):
+            raise InvalidInputError("attention_mask must hold only 0 (padding) and 1 (token)")
+        if self.get_seq_length() != 0:
+            raise InvalidInputError(f"the cache already holds {self.get_seq_length()} positions; declare padding on a "
+                                    "fresh cache (or after reset()) before the first forward")
+        self._valid = m.to(torch.bool).numpy().copy()
+
+    def _valid_at(self, positions: np.ndarray, b: int) -> np.ndarray:
+        """Bool ``[b, len(positions)]``: True where the position holds a real token in that row."""
+        positions = np.asarray(positions, dtype=np.int64)
+        out = np.ones((b, positions.size), dtype=bool)
+        if self._valid is None:
+            return out
+        if self._valid.shape[0] != b:
+            raise InvalidInputError(f"set_padding declared {self._valid.shape[0]} batch rows, the model runs {b}; "
+                                    "declare the padding of this batch")
+        inside = positions < self._valid.shape[1]
+        out[:, inside] = self._valid[:, positions[inside]]
+        return out
+
+    def _first_chunk_end(self, i: int, s: int) -> int | None:
+        """The position of row ``i``'s ``chunk``-th real token when it is ``< s``, else None."""
+        c = self.chunk
+        if self._valid is None:
+            return c - 1 if s >= c else None
+        L = self._valid.shape[1]
+        real = np.flatnonzero(self._valid[i, : min(s, L)])
+        if real.size >= c:
+            return int(real[c - 1])
+        p = L + (c - real.size) - 1  # every position >= L is real
+        return p if p < s else None
 
     def _restore(self, layer: CertifiedLayer, revived: set[int], trigger: str) -> list[RestoreEvent]:
         """Bring back physically evicted tokens that a solver re-admitted."""
@@ -542,11 +616,17 @@ class CertifiedCache(Cache):
         if not ok:
             return skipped(reason, kkt)
         frac = bank.reserve_fraction()
-        alpha_before = bank.alpha_dense(layer.admitted_upto, torch.float64, torch.device("cpu"))  # [b, h, adm]
+        gated_rows = [i for i in range(bank.shape[0]) if bank.row_gated(i)]
+        alpha_before = bank.alpha_dense(layer.admitted_upto, torch.float64, torch.device("cpu"))[gated_rows]
         bank.evict_reserve()
         active = bank.active_positions()
         cand = pos[pos < layer.admitted_upto]
+        # a token stays when some solver holds it active, or when it is a real token of a row whose solvers
+        # have not started (no certificate there)
         support = np.isin(cand, list(active))
+        waiting = [i for i in range(bank.shape[0]) if not bank.started(i)]
+        if waiting and cand.size:
+            support |= self._valid_at(cand, bank.shape[0])[waiting].any(axis=0)
         target = int(support.sum()) if budget is None else max(0, budget - n_local)
         dec = CertifiedPolicy().select(PolicyContext(positions=cand, support=support), target)
         drop = [int(p) for p in cand[~dec.keep]]
@@ -663,24 +743,28 @@ class CertifiedCache(Cache):
         for layer in self.layers:
             bank = layer.bank
             long = [p for p in lst if bank is not None and p in bank.history]
+            waiting = [] if bank is None else [i for i in range(bank.shape[0]) if not bank.started(i)]
             for p in lst:
                 path = PATH_EXACT if p in long else PATH_LOCAL
-                if paths.get(p, path) != path:
+                if p in long and waiting and self._valid_at(np.array([p]), bank.shape[0])[waiting].any():
+                    path = f"{PATH_EXACT} (rows with solvers), {PATH_LOCAL} (rows not started)"
+                if paths.get(p, path) != path and path in (PATH_EXACT, PATH_LOCAL):
                     path = f"{PATH_EXACT} (some layers), {PATH_LOCAL} (others)"
                 paths[p] = path
             if long:
-                was_gated = bank.gated
+                was_gated = [bank.row_gated(i) for i in range(bank.shape[0])]
                 removed_keys = self._keys_of(bank, long) if verify else None
                 for i, j, rec, dt in bank.remove(long):
-                    dev = self._refit_deviation(bank.solvers[i][j], removed_keys[i][j]) if verify else None
+                    dev = self._refit_deviation(bank.solvers[i][j], removed_keys[i, j]) if verify else None
                     solver_recs.append(SolverDeletion(layer.layer_idx, i, j, rec.kkt.as_dict(), dt, dev,
                                                       tuple(int(x) for x in rec.readmitted), rec.in_warmup))
                     for ev in self._restore(layer, set(rec.readmitted), trigger=f"forget({lst})"):
                         (restored if ev.restored else lost).append((ev.layer, ev.position))
-                if was_gated and not bank.gated:
+                if any(g and not bank.row_gated(i) for i, g in enumerate(was_gated)):
                     fallbacks.append(layer.layer_idx)
                     warnings.warn(f"CertifiedCache layer {layer.layer_idx}: after forget({lst}) only "
-                                  f"{len(bank.history)} admitted keys remain (< ceil(1/C)+2 = {self.warmup_size}); "
+                                  f"{bank.min_row_history()} admitted keys remain in some batch row (< ceil(1/C)+2 = "
+                                  f"{self.warmup_size}); "
                                   "the gate falls back to warm-up (ungated softmax)", stacklevel=3)
             for p in lst:
                 layer.evicted.pop(p, None)
@@ -695,17 +779,18 @@ class CertifiedCache(Cache):
             memory_bytes_after=self.memory_bytes(), scope=SCOPE_STATEMENT)
 
     @staticmethod
-    def _keys_of(bank: SolverBank, positions: list[int]) -> list[list[np.ndarray]]:
-        """The fp64 keys ``[len(positions), d]`` of ``positions`` in every solver (active or evicted)."""
-        out = []
-        for row in bank.solvers:
-            r = []
-            for s in row:
-                st = s.state_dict()
-                ids = {int(i): k for k, i in enumerate(s.ids)}
-                X = s.keys
-                r.append(np.stack([X[ids[p]] if p in ids else st["evicted"][p] for p in positions]))
-            out.append(r)
+    def _keys_of(bank: SolverBank, positions: list[int]) -> dict[tuple[int, int], np.ndarray]:
+        """Per solver ``(row, kv-head)``: the fp64 keys ``[m, d]`` of the ``positions`` it holds (active or
+        evicted)."""
+        out = {}
+        for i, j, s in bank.each():
+            mine = SolverBank.held(s, positions)
+            if not mine:
+                continue
+            st = s.state_dict()
+            ids = {int(x): k for k, x in enumerate(s.ids)}
+            X = s.keys
+            out[i, j] = np.stack([X[ids[p]] if p in ids else st["evicted"][p] for p in mine])
         return out
 
     @staticmethod
@@ -738,33 +823,38 @@ class CertifiedCache(Cache):
             layer.seen = min(layer.seen, m)
             bank = layer.bank
             if bank is not None:
-                keys = self._history_keys(bank)  # [b][h] -> {pos: key}
+                keys = self._history_keys(bank)  # {(row, kv-head): {pos: key}}
                 if target < c:
                     layer.bank = None
                 else:
-                    new = SolverBank(bank.C, bank.sigma)
-                    keep = sorted(p for p in bank.history if p < target)
-                    for lo in range(0, target, c):
-                        blk = [p for p in keep if lo <= p < lo + c]
-                        if not blk:
+                    b, h = bank.shape
+                    new = SolverBank.empty(bank.C, b, h)
+                    for i in range(b):
+                        start = bank.row_start[i] if bank.row_start[i] is not None else c
+                        if not bank.started(i) or start > target:
                             continue
-                        for i, j, s in new.each():
-                            s.add(np.stack([keys[i][j][p] for p in blk]), ids=blk)
-                        new.history.update(blk)
+                        new.start_row(i, bank.sigma[i], start)
+                        hist = sorted(p for p in bank.row_history[i] if p < target)
+                        # replay the admissions a fresh cache makes: all keys before the row's start, then chunks
+                        blocks = [[p for p in hist if p < start]]
+                        blocks += [[p for p in hist if lo <= p < lo + c] for lo in range(start, target, c)]
+                        for blk in blocks:
+                            if not blk:
+                                continue
+                            for j, sv in enumerate(new.solvers[i]):
+                                sv.add(np.stack([keys[i, j][p] for p in blk]), ids=blk)
+                            new.row_history[i].update(blk)
                     layer.bank = new
             layer.admitted_upto = min(layer.admitted_upto, target)
             layer.invalidate_snapshot()
 
     @staticmethod
-    def _history_keys(bank: SolverBank) -> list[list[dict[int, np.ndarray]]]:
-        out = []
-        for row in bank.solvers:
-            r = []
-            for s in row:
-                d = {int(i): x for i, x in zip(s.ids, s.keys, strict=True)}
-                d.update({int(i): x for i, x in s.state_dict()["evicted"].items()})
-                r.append(d)
-            out.append(r)
+    def _history_keys(bank: SolverBank) -> dict[tuple[int, int], dict[int, np.ndarray]]:
+        out = {}
+        for i, j, s in bank.each():
+            d = {int(x): k for x, k in zip(s.ids, s.keys, strict=True)}
+            d.update({int(x): k for x, k in s.state_dict()["evicted"].items()})
+            out[i, j] = d
         return out
 
     def _forget_reencode(self, lst: list[int], model: Any, input_ids: torch.Tensor, t0: float) -> DeletionReceipt:
@@ -775,11 +865,20 @@ class CertifiedCache(Cache):
         kept = [p for p in range(m, seen) if p not in gone]
         suffix = input_ids[:, kept]
         self._truncate(m)
+        extra: dict[str, torch.Tensor] = {}
+        if self._valid is not None:
+            # positions shift: the padding of the new numbering, and the mask / position ids generate would use
+            b = self._valid.shape[0]
+            valid = torch.from_numpy(self._valid_at(np.array(list(range(m)) + kept, dtype=np.int64), b))
+            self._valid = valid.numpy()
+            mask = valid.to(torch.long)
+            pid = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+            extra = {"attention_mask": mask.to(model.device), "position_ids": pid[:, m:].to(model.device)}
         if suffix.shape[1]:
             params = inspect.signature(model.forward).parameters
             kw = {"cache": self} if "cache" in params else {"past_key_values": self}
             with torch.no_grad():
-                model(input_ids=suffix.to(model.device), use_cache=True, **kw)
+                model(input_ids=suffix.to(model.device), use_cache=True, **kw, **extra)
         pmap = {p: m + k for k, p in enumerate(kept)}
         return DeletionReceipt(
             positions=tuple(lst), paths={p: PATH_REENCODED for p in lst}, solvers=(), verified=False,

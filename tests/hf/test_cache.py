@@ -510,3 +510,87 @@ def test_reencode_rolls_back_when_the_model_fails(model: LlamaForCausalLM,
         cache.forget([3], reencode=True, model=model, input_ids=ids)
     _assert_same_state(snap, _state(cache))
     assert pop_pending_gate(0) is None and pop_pending_gate(1) is None
+
+
+# ---------------------------------------------------------------------------------------------- padding
+def _generate_evict_generate(model: LlamaForCausalLM, ids: torch.Tensor, mask: torch.Tensor | None,
+                             declare: bool) -> tuple[torch.Tensor, CertifiedCache]:
+    """Greedy-generate 3 tokens, evict, generate CHUNK + 2 more; logits ``[b, steps, vocab]``."""
+    cache = CertifiedCache(model.config)
+    if declare:
+        cache.set_padding(mask)
+    kw = {} if mask is None else {"attention_mask": mask}
+    a = model.generate(ids, cache=cache, max_new_tokens=3, do_sample=False, output_logits=True,
+                       return_dict_in_generate=True, **kw)
+    assert cache.evict().max_evicted_alpha == 0.0
+    if mask is not None:
+        kw = {"attention_mask": torch.cat([mask, torch.ones(ids.shape[0], 3, dtype=torch.long)], dim=1)}
+    b = model.generate(a.sequences, cache=cache, max_new_tokens=CHUNK + 2, do_sample=False, output_logits=True,
+                       return_dict_in_generate=True, **kw)
+    return torch.stack(a.logits + b.logits, dim=1), cache
+
+
+def test_declared_padding_makes_a_padded_row_compute_what_it_computes_alone(model: LlamaForCausalLM) -> None:
+    """A row left-padded by one chunk, padding declared: its pads never enter its solvers, its boundaries
+    count its real tokens, and its logits (through eviction) equal the same sequence run alone."""
+    torch.manual_seed(17)
+    a, b = torch.randint(1, 64, (1, 3 * CHUNK + 2)), torch.randint(1, 64, (1, 2 * CHUNK + 2))
+    ids = torch.cat([a, torch.cat([torch.zeros(1, CHUNK, dtype=torch.long), b], dim=1)])
+    mask = torch.ones_like(ids)
+    mask[1, :CHUNK] = 0
+    logits, cache = _generate_evict_generate(model, ids, mask, declare=True)
+    for layer in cache.layers:
+        assert layer.bank.row_start == [CHUNK, 2 * CHUNK]
+        pad_held = {p for s in layer.bank.solvers[1] for p in set(s.ids.tolist()) | set(s.evicted_ids) if p < CHUNK}
+        assert pad_held == set() and min(layer.bank.row_history[1]) == CHUNK
+    worst = []
+    for r, seq in enumerate((a, b)):
+        alone, _ = _generate_evict_generate(model, seq, None, declare=False)
+        worst.append(float((logits[r] - alone[0]).abs().max()))
+    assert max(worst) <= 1e-5, worst
+
+
+def _padded_prefill(model: LlamaForCausalLM, ids: torch.Tensor, mask: torch.Tensor) -> CertifiedCache:
+    """Prefill with the padding declared and generate's position ids."""
+    full = torch.cat([mask, torch.ones(ids.shape[0], ids.shape[1] - mask.shape[1], dtype=torch.long)], dim=1)
+    cache = CertifiedCache(model.config)
+    cache.set_padding(mask)
+    with torch.no_grad():
+        model(ids, attention_mask=full, position_ids=(full.cumsum(-1) - 1).masked_fill(full == 0, 1), cache=cache,
+              use_cache=True)
+    return cache
+
+
+def test_reencode_with_declared_padding_equals_a_cache_that_never_saw_the_token(model: LlamaForCausalLM) -> None:
+    torch.manual_seed(18)
+    ids = torch.randint(1, 64, (2, 3 * CHUNK + 3))
+    ids[1, :CHUNK] = 0
+    mask = torch.ones(2, 2 * CHUNK, dtype=torch.long)
+    mask[1, :CHUNK] = 0
+    cache = _padded_prefill(model, ids, mask)
+    victim = 2 * CHUNK + 1
+    rep = cache.forget([victim], reencode=True, model=model, input_ids=ids)
+    assert rep.reencoded and rep.position_map[victim + 1] == victim
+    never = _padded_prefill(model, torch.cat([ids[:, :victim], ids[:, victim + 1:]], dim=1), mask)
+    for la, lb in zip(cache.layers, never.layers, strict=True):
+        assert la.positions.tolist() == lb.positions.tolist() and la.bank.row_history == lb.bank.row_history
+        assert float((la.keys - lb.keys).abs().max()) <= 1e-5
+        for (_, _, sa), (_, _, sb) in zip(la.bank.each(), lb.bank.each(), strict=True):
+            np.testing.assert_allclose(sa.alpha, sb.alpha, atol=1e-6)
+
+
+def test_set_padding_is_checked() -> None:
+    cache = CertifiedCache(num_layers=1, chunk=4, sigma=1.0)
+    with pytest.raises(InvalidInputError, match="2-D"):
+        cache.set_padding(torch.ones(4))
+    with pytest.raises(InvalidInputError, match="only 0"):
+        cache.set_padding(torch.full((1, 4), 2))
+    cache.set_padding(torch.tensor([[0, 1, 1, 1]]))
+    cache.update(*_kv([[0.0, 0.0]] * 3), 0)
+    clear_pending_gates()
+    with pytest.raises(InvalidInputError, match="fresh cache"):
+        cache.set_padding(torch.ones(1, 4))
+    two = CertifiedCache(num_layers=1, chunk=2, sigma=1.0)
+    two.set_padding(torch.ones(2, 2))
+    with pytest.raises(InvalidInputError, match="declared 2 batch rows"):
+        two.update(*_kv([[0.0, 0.0]] * 3), 0)
