@@ -17,6 +17,7 @@ tokens of each implementation.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -97,6 +98,7 @@ def run_bench(contexts: list[int], new_tokens: int, hidden: int, layers: int, he
 
     import sv_attention
 
+    load_before = os.getloadavg()
     impls = [(n, impl, dict(kw)) for n, impl, kw in IMPLEMENTATIONS if only is None or n in only or n == "sdpa"]
     for _, impl, kw in impls:
         if impl == "sv_attention":
@@ -157,6 +159,8 @@ def run_bench(contexts: list[int], new_tokens: int, hidden: int, layers: int, he
         "contexts": contexts, "new_tokens": new_tokens, "repeats": repeats, "sv_repeats": min(repeats, sv_repeats),
         "timing": "min over repeats (interleaved: every implementation once per repeat)",
         "rows": rows, "targets": targets, "torch_threads": torch.get_num_threads(),
+        "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
+        "note": "a loaded machine makes these ratios noisy: compare load_average_1m with the core count",
     }
 
 
@@ -173,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
               f"{r['prefill_time_ratio_to_sdpa']:>7.2f} {r['decode_tokens_per_s']:>12.1f} "
               f"{r['decode_time_ratio_to_sdpa']:>7.2f} {str(r['last_logits_bitwise_equal_sdpa']):>6}")
     print("(x sdpa = time ratio to sdpa, lower is faster; ==sdpa: last prefill logits bitwise equal to sdpa)")
+    la = payload["load_average_1m"]
+    print(f"load average (1 min) before/after: {la['before']:.1f} / {la['after']:.1f} on {os.cpu_count()} cores")
     for label, t in payload["targets"].items():
         print(f"target: {label}: worst {t['worst_time_ratio']:.2f}x -> {'met' if t['met'] else 'NOT met'}")
     path = write_result("bench_plugin", payload, args.json)
