@@ -55,12 +55,22 @@ _NON_SV_CERTIFICATE = (
     "no such guarantee: deleting a token from its context is plain masking."
 )
 
-_BETA = (
-    "**beta: pinned vs exact.** Where this project reports the smprime exponent beta, a *pinned* beta "
-    "was held fixed during training (a modelling choice, not a measurement); only the likelihood-ratio "
-    "test with beta free (thresholds 3.841 and ln n, Wald cross-check from the exact second derivative) "
-    "estimates it, with resolution sqrt(3.841 / I_total)."
-)
+
+def beta_limit() -> str:
+    """The pinned-vs-exact wording for beta, with the test's constants from :mod:`sv_attention.ops.beta_test`."""
+    from sv_attention.ops.beta_test import CHI2_95_1DOF
+
+    return (
+        "**beta: pinned is not exact.** smprime's normaliser exponent beta is a learnable scalar per layer. "
+        "The project's beta test (`sv_attention.ops.beta_test.beta_lrt`) calls a layer "
+        f"PINNED when the likelihood-ratio statistic Lambda <= {CHI2_95_1DOF} (the chi-square(1) 0.95 "
+        "quantile): beta = 1 is *not rejected* on that held-out batch, which is not a measurement that beta "
+        f"equals 1 exactly; the smallest deviation the batch could detect is sqrt({CHI2_95_1DOF} / I) (I: the "
+        "observed information from the exact second derivative). MOVED means Lambda > ln n (n scored tokens); "
+        "in between, beta = 1 is rejected at 0.95 but below description length. A pinned beta in a results "
+        "table is a test verdict with its resolution, never an exact value."
+    )
+
 
 _GENERAL_LIMITS = [
     "**Small byte-level research model.** Vocabulary of 256 bytes, context of {block} bytes (longer inputs "
@@ -222,6 +232,14 @@ def _training_line(training: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _tree_note(prov: dict[str, Any]) -> str:
+    if prov.get("code_files_committed") is False:
+        return " (the shipped code files differ from that commit: their sha256 in MANIFEST.json is authoritative)"
+    if prov.get("git_dirty"):
+        return " (other files of the checkout had uncommitted changes; the code files match the commit)"
+    return ""
+
+
 def _operator_limits(op: str, knobs: dict[str, Any]) -> list[str]:
     lines = list(_OPERATOR_LIMITS.get(op, []))
     if op == "sv":
@@ -236,7 +254,7 @@ def _operator_limits(op: str, knobs: dict[str, Any]) -> list[str]:
                          "gate shapes the attention but is not itself trained.")
     else:
         lines.append(_NON_SV_CERTIFICATE.format(op=op))
-    return lines + [_BETA]
+    return lines + [beta_limit()]
 
 
 def render_card(manifest: dict[str, Any], *, results: list[dict[str, Any]] | None = None,
@@ -306,7 +324,7 @@ pip install sv-attention=={versions.get('sv_attention')}
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 repo = "{repo}"  # or a local folder
-revision = "<pin a commit hash>"  # see the security note
+revision = "main"  # replace with a commit hash (see the security note)
 tok = AutoTokenizer.from_pretrained(repo, trust_remote_code=True, revision=revision)
 model = AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True, revision=revision)
 ids = tok("Once upon a time", return_tensors="pt").input_ids
@@ -333,7 +351,7 @@ certificate self-check).
                   or "(hashed after the card is written: see MANIFEST.json)") + f"""
 - tensors: {len(manifest.get('tensors', {}))} (name, shape, dtype, sha256 each)
 - versions: sv-attention {versions.get('sv_attention')}, transformers {versions.get('transformers')}, torch {versions.get('torch')}
-- produced by: `{prov.get('command')}` at git commit `{prov.get('git_commit')}`
+- produced by: `{prov.get('command')}` at git commit `{prov.get('git_commit')}`{_tree_note(prov)}
 - training: {train_lines}
 
 ## Security note: `trust_remote_code`

@@ -8,9 +8,12 @@ It is built in a temporary sibling folder and moved into place only when complet
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import platform
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -92,6 +95,23 @@ def _versions() -> dict[str, Any]:
             "torch": torch.__version__, "python": platform.python_version()}
 
 
+def git_state() -> dict[str, Any]:
+    """Whether the checkout differs from its commit: ``git_dirty`` (any tracked file modified) and
+    ``code_files_committed`` (the shipped code files equal their committed version); None outside a checkout."""
+    from sv_attention.results import repo_root
+
+    def differs(*paths: str) -> bool | None:
+        try:
+            res = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *paths], cwd=repo_root(),
+                                 capture_output=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return {0: False, 1: True}.get(res.returncode)
+
+    code = differs(*CODE_FILES)
+    return {"git_dirty": differs(), "code_files_committed": None if code is None else not code}
+
+
 def model_summary(config: Any) -> dict[str, Any]:
     keys = ("model_type", "operator", "operator_config", "vocab_size", "hidden_size", "num_hidden_layers",
             "num_attention_heads", "intermediate_size", "max_position_embeddings", "attention_bias", "mlp_bias",
@@ -136,6 +156,9 @@ def write_folder(model: torch.nn.Module, out: Path, *, command: str, training: d
     model.save_pretrained(out, safe_serialization=True)
     tok = tok_cls(model_max_length=model.config.max_position_embeddings)
     tok.save_pretrained(out)
+    generation = copy.deepcopy(model.generation_config)  # batched generation pads with the tokenizer's byte 0
+    generation.pad_token_id = tok.pad_token_id
+    generation.save_pretrained(out)
     for name in CODE_FILES:  # the tokenizer file is copied by save_pretrained too; make sure of all three
         if not (out / name).is_file():
             from sv_attention.artifact.remote import code_file
@@ -145,7 +168,7 @@ def write_folder(model: torch.nn.Module, out: Path, *, command: str, training: d
     params["published_reading"] = published_reading(params, model.config)
     manifest_args = dict(
         parameters=params, model=model_summary(model.config), versions=_versions(),
-        provenance={"command": command, "git_commit": git_commit(),
+        provenance={"command": command, "git_commit": git_commit(), **git_state(),
                     "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
         training=training, reference_forward=reference_forward(model),
     )
@@ -178,6 +201,15 @@ def push_folder(folder: Path, repo_id: str, private: bool) -> str:
             "written locally; check the network and `huggingface-cli login`, then re-run the export."
         ) from exc
     return str(getattr(info, "commit_url", info))
+
+
+def _publish_permissions(root: Path) -> None:
+    """Give the folder and its files the umask's ordinary permissions (``mkdtemp`` made the folder 0700)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(root, 0o777 & ~umask)
+    for p in root.rglob("*"):
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
 
 
 def export_artifact(model_or_checkpoint: torch.nn.Module | str | Path, out_dir: str | Path, *,
@@ -221,6 +253,7 @@ def export_artifact(model_or_checkpoint: torch.nn.Module | str | Path, out_dir: 
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
+        _publish_permissions(out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

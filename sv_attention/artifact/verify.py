@@ -104,6 +104,9 @@ def check_counts(model: torch.nn.Module, manifest: dict[str, Any], report: Verif
                                        f"loaded model, manifest says {rec.get(name)!r}")
     stored = sum(math.prod(t["shape"]) for t in manifest.get("tensors", {}).values())
     report.checks["parameters"] = {"total": now["total"], "stored_tensor_elements": stored}
+    if stored != now["total"]:  # tied weights are stored once and buffers are not persistent
+        report.problems.append(f"parameter count mismatch: the weights file stores {stored:,} elements, the "
+                               f"loaded model has {now['total']:,} unique parameters")
 
 
 def check_forward(model: torch.nn.Module, manifest: dict[str, Any], report: VerifyReport) -> None:

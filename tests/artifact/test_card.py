@@ -83,3 +83,22 @@ def test_card_round_trip(tmp_path, exported):
     again = ModelCard.load(tmp_path / "README.md")
     assert again.data.datasets == ["roneneldan/TinyStories"]
     assert 'repo = "org/name"' in again.text
+
+
+def test_beta_wording_uses_the_beta_test_constants(exported, monkeypatch):
+    import sv_attention.ops.beta_test as bt
+
+    monkeypatch.setattr(bt, "CHI2_95_1DOF", 9.25)  # rendered from the test's constant, not typed in the card
+    m = {**_manifest(exported), "model": {**_manifest(exported)["model"], "operator": "smprime"}}
+    limits = render_card(m, results=[]).text.split("## Usage")[0]
+    assert "Lambda <= 9.25" in limits and "sqrt(9.25 / I)" in limits and "3.841" not in limits
+    assert "not rejected" in limits and "never an exact value" in limits
+
+
+def test_usage_snippet_runs_as_written_and_tree_state_is_reported(exported):
+    manifest = _manifest(exported)
+    text = render_card(manifest, results=[]).text
+    assert "<pin" not in text and 'revision = "main"' in text
+    prov = {**manifest["provenance"], "git_dirty": True, "code_files_committed": False}
+    text = render_card({**manifest, "provenance": prov}, results=[]).text
+    assert "the shipped code files differ from that commit" in text

@@ -22,3 +22,10 @@ def test_committed_artifact_matches_its_manifest():
 def test_committed_artifact_ships_this_repository_code():
     stale = [n for n in CODE_FILES if (ART / n).read_bytes() != (ROOT / n).read_bytes()]
     assert not stale, f"hf_artifact/ ships outdated {stale}; re-run `sv-attention export ... --out hf_artifact`"
+
+
+def test_model_card_at_the_root_is_the_committed_card():
+    card = ROOT / "MODEL_CARD.md"
+    assert card.is_file(), "MODEL_CARD.md is missing; export with --card-copy MODEL_CARD.md"
+    assert card.read_text() == (ART / "README.md").read_text(), (
+        "MODEL_CARD.md differs from hf_artifact/README.md; re-export with --card-copy MODEL_CARD.md")

@@ -152,3 +152,17 @@ def test_loading_without_the_package_gives_pip_install_message(exported, tmp_pat
     assert res.returncode != 0
     assert "requires the following packages that were not found in your environment: sv_attention" in res.stderr
     assert "pip install sv_attention" in res.stderr
+
+
+def test_generation_config_provenance_and_permissions(exported):
+    import os
+    import stat
+
+    _, out = exported
+    assert json.loads((out / "generation_config.json").read_text())["pad_token_id"] == 0  # the tokenizer's pad
+    prov = json.loads((out / "MANIFEST.json").read_text())["provenance"]
+    assert prov["git_dirty"] in (True, False, None) and prov["code_files_committed"] in (True, False, None)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o666 & ~umask

@@ -138,3 +138,19 @@ def test_sv_export_runs_the_certificate_self_check(tmp_path):
     assert cert["kkt_max"] <= 1e-8 and cert["C"] == 0.25
     text = (out / "README.md").read_text()
     assert "no deletion certificate" in text[text.index("## Limits"):text.index("## Usage")]
+
+
+def test_stored_elements_must_equal_the_parameter_total(exported):
+    from sv_attention.artifact.verify import VerifyReport, check_counts
+
+    model, out = exported
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    report = VerifyReport(path="x")
+    check_counts(model, manifest, report)
+    assert report.problems == []
+    manifest["tensors"]["model.norm.weight"]["shape"] = [33]
+    check_counts(model, manifest, report)
+    total = report.checks["parameters"]["total"]
+    assert report.checks["parameters"]["stored_tensor_elements"] == total + 1
+    assert report.problems == [f"parameter count mismatch: the weights file stores {total + 1:,} elements, the "
+                               f"loaded model has {total:,} unique parameters"]
