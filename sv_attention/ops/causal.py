@@ -185,15 +185,21 @@ def _gram(k: torch.Tensor, s: int, sigma: torch.Tensor, detach: bool) -> torch.T
 
 def _fit_batched(gram: torch.Tensor, key_valid: torch.Tensor, s: int, C: float, solve_kwargs: dict[str, Any],
                  ) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
-    """Solve the boundary-``s`` problems given the Gram of a prefix ``>= s`` (its leading block is used)."""
-    from sv_attention.svdd.batched import STATUS_OK, solve_batched
+    """Solve the boundary-``s`` problems of every (batch, kv-head) in one :func:`solve_batched` call, given
+    the Gram of a prefix ``>= s`` (its leading ``s x s`` block is the Gram of the keys ``[0, s)``).
+
+    One call per boundary rather than all boundaries packed into one: packing pads every problem to the
+    largest prefix, and measured here (``sv-attention bench step``) the padded solve was 3-10x slower
+    than the separate ones, because its element-wise operations cross torch's parallel grain size and
+    pay for thread synchronisation on a shared CPU. Per-boundary calls also give prefill and decode
+    identical problem shapes, hence the same gate.
+    """
+    from sv_attention.svdd.batched import STATUS_OK, STATUS_WARMUP, solve_batched
 
     b, hk = key_valid.shape[:2]
-    gram = gram[:, :s, :s]
     mask = key_valid[:, :, :s].reshape(b * hk, s)
-    solve_kwargs = {"check_inputs": False, **solve_kwargs}
-    sol = solve_batched(gram, mask, C, **solve_kwargs)
-    active = (sol.status == STATUS_OK) | (sol.status > 2)  # ok, or solved with a reported caveat
+    sol = solve_batched(gram[:, :s, :s], mask, C, **{"check_inputs": False, **solve_kwargs})
+    active = (sol.status == STATUS_OK) | (sol.status > STATUS_WARMUP + 1)  # ok, or solved with a caveat
     return sol.alpha.reshape(b, hk, s), active.reshape(b, hk), dict(sol.counts)
 
 
@@ -270,8 +276,8 @@ def compute_boundary_gates(k: torch.Tensor, boundaries: list[int], *, C: float,
     alpha: dict[int, torch.Tensor] = {}
     active: dict[int, torch.Tensor] = {}
     counts: dict[str, int] = {}
-    gram: torch.Tensor | None = None  # Gram of the largest boundary; smaller ones use its leading block
     todo = sorted(set(int(x) for x in boundaries))
+    fits: list[tuple[int, Any]] = []  # (s, fingerprint) of the boundaries that need fitting
     for s in todo:
         if not 0 < s <= kv_len:
             raise InvalidInputError(f"boundary {s} outside (0, kv_len={kv_len}]")
@@ -282,18 +288,24 @@ def compute_boundary_gates(k: torch.Tensor, boundaries: list[int], *, C: float,
                 cache.hits += 1
                 continue
             cache.invalidations += 1
-        n_valid = key_valid[:, :, :s].sum(-1)
-        if bool((n_valid < ws).all()) and solver == "batched":
-            a = torch.zeros(b, hk, s, dtype=k.dtype, device=k.device)
-            act = torch.zeros(b, hk, dtype=torch.bool, device=k.device)
-            new_counts = {"warm-up": b * hk}
-        elif solver == "exact":
-            a, act, new_counts = _fit_exact(k, key_valid, s, C, sig, cache)
-        else:
-            if gram is None:
-                gram = _gram(k, todo[-1], sig, detach)
-            a, act, new_counts = _fit_batched(gram, key_valid, s, C, solve_kwargs)
-        act = act & (n_valid >= ws)
+        fits.append((s, fp))
+    results: dict[int, tuple[torch.Tensor, torch.Tensor, dict[str, int]]] = {}
+    if solver == "exact":
+        for s, _ in fits:
+            results[s] = _fit_exact(k, key_valid, s, C, sig, cache)
+    else:
+        live = [s for s, _ in fits if bool((key_valid[:, :, :s].sum(-1) >= ws).any())]
+        for s, _ in fits:
+            if s not in live:  # every problem of this boundary is in warm-up: nothing to solve
+                results[s] = (torch.zeros(b, hk, s, dtype=k.dtype, device=k.device),
+                              torch.zeros(b, hk, dtype=torch.bool, device=k.device), {"warm-up": b * hk})
+        if live:
+            gram = _gram(k, live[-1], sig, detach)  # one Gram; each boundary uses its leading block
+            for s in live:
+                results[s] = _fit_batched(gram, key_valid, s, C, solve_kwargs)
+    for s, fp in fits:
+        a, act, new_counts = results[s]
+        act = act & (key_valid[:, :, :s].sum(-1) >= ws)
         alpha[s], active[s] = a, act
         _accumulate(counts, new_counts)
         if cache is not None:

@@ -30,9 +30,19 @@ def fixed_start_vector(n: int, dtype: torch.dtype, device: torch.device | str) -
     return (1.0 + 0.5 * torch.sin(1.7 * i + 0.3)).to(dtype=dtype, device=device)
 
 
-def tangent_lipschitz(gram: torch.Tensor, maskf: torch.Tensor, power_iters: int) -> torch.Tensor:
+def _matvec(gram_mv: torch.Tensor, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``K @ x`` per problem with ``K`` stored in ``gram_mv``'s dtype (x scaled into range first)."""
+    if gram_mv.dtype == x.dtype:
+        return (gram_mv @ x[..., None])[..., 0]
+    s = x.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny) if scale is None else scale
+    return (gram_mv @ (x / s).to(gram_mv.dtype)[..., None])[..., 0].to(x.dtype) * s
+
+
+def tangent_lipschitz(gram: torch.Tensor, maskf: torch.Tensor, power_iters: int,
+                      gram_mv: torch.Tensor | None = None) -> torch.Tensor:
     """``1.1 * 2 * lambda_max(P K P)`` per problem, ``[G]`` (P projects on the valid-key tangent space)."""
     G, n, _ = gram.shape
+    gram_mv = gram if gram_mv is None else gram_mv
     cnt = maskf.sum(-1, keepdim=True).clamp_min(1.0)
 
     def tangent(v: torch.Tensor) -> torch.Tensor:
@@ -41,9 +51,9 @@ def tangent_lipschitz(gram: torch.Tensor, maskf: torch.Tensor, power_iters: int)
 
     v = tangent(fixed_start_vector(n, gram.dtype, gram.device).expand(G, n))
     for _ in range(power_iters):
-        w = tangent((gram @ v[..., None])[..., 0])
+        w = tangent(_matvec(gram_mv, v))
         v = w / w.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(gram.dtype).tiny)
-    lam = (v * tangent((gram @ v[..., None])[..., 0])).sum(-1)
+    lam = (v * tangent(_matvec(gram_mv, v))).sum(-1)
     # A degenerate problem (one key, identical keys) has lam = 0: any step works, use the trace bound.
     floor = torch.diagonal(gram, dim1=-2, dim2=-1).mul(maskf).sum(-1).clamp_min(1.0) * 1e-3
     return 2.2 * torch.maximum(lam, floor)
@@ -92,7 +102,7 @@ def project_capped_simplex(y: torch.Tensor, maskf: torch.Tensor, C: torch.Tensor
 
 
 def fista_finder(gram: torch.Tensor, maskf: torch.Tensor, C: torch.Tensor, *, iters: int, projection_steps: int,
-                 power_iters: int, restart: bool = True) -> torch.Tensor:
+                 power_iters: int, restart: bool = True, matvec_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Run FISTA on every problem; returns the last iterate ``alpha [G, n]`` (no autograd).
 
     Parameters
@@ -103,9 +113,14 @@ def fista_finder(gram: torch.Tensor, maskf: torch.Tensor, C: torch.Tensor, *, it
     iters, power_iters : int
     projection_steps : int  safeguarded Newton / bisection steps per projection
     restart : bool  gradient-based adaptive restart of the momentum (default True)
+    matvec_dtype : torch.dtype or None  store K in this dtype for the matrix-vector products (e.g.
+        ``torch.float16``: half the memory traffic, and on CPU a kernel that does not suffer from thread
+        oversubscription); iterates stay in ``gram.dtype``, vectors are scaled into range first
     """
     with torch.no_grad():
-        step = 1.0 / tangent_lipschitz(gram, maskf, power_iters)[:, None]
+        gram_mv = gram if matvec_dtype is None or matvec_dtype == gram.dtype else gram.to(matvec_dtype)
+        step = 1.0 / tangent_lipschitz(gram, maskf, power_iters, gram_mv)[:, None]
+        yscale = C[:, None]
         diag = torch.diagonal(gram, dim1=-2, dim2=-1)
         cnt = maskf.sum(-1, keepdim=True).clamp_min(1.0)
         a = maskf / cnt
@@ -113,7 +128,7 @@ def fista_finder(gram: torch.Tensor, maskf: torch.Tensor, C: torch.Tensor, *, it
         t = torch.ones(gram.shape[0], 1, dtype=gram.dtype, device=gram.device)
         tau = None
         for _ in range(iters):
-            grad = 2.0 * (gram @ y[..., None])[..., 0] - diag
+            grad = 2.0 * _matvec(gram_mv, y, yscale) - diag
             # cold first projection: enough steps to converge from the bracket midpoint
             a_new, tau = project_capped_simplex(y - step * grad, maskf, C,
                                                 projection_steps if tau is not None else COLD_STEPS, tau)

@@ -27,6 +27,9 @@ import torch
 
 #: Ridge of the fallback re-solve for problems whose guarded solve failed.
 FALLBACK_RIDGE = 1e-2
+#: Ridge of the polish solves: keeps 2 K_SS non-singular when duplicate keys sit in S together (they then
+#: split their mass equally, one of the optima) at a KKT error of ~1e-6 * alpha on S.
+POLISH_RIDGE = 1e-6
 
 
 @dataclass
@@ -140,12 +143,12 @@ def fixed_partition_solve(gram: torch.Tensor, mask: torch.Tensor, margin: torch.
     u = u[..., 0]
     ok = (info == 0) & torch.isfinite(u).all(-1)
     if not bool(ok.all()):
-        # Guard (DESIGN §2.4): re-solve the failed problems with a larger ridge by least squares;
-        # replace only those rows.
+        # Guard (DESIGN §2.4): re-solve the failed problems with a larger ridge (2 K_SS + ridge I is then
+        # positive definite, so the bordered matrix is non-singular); replace only those rows.
         bad = ok.logical_not().nonzero()[:, 0]
         d = torch.cat([torch.zeros_like(vcf[:, :1]), vcf], dim=1)[bad]
         A2 = A[bad] + FALLBACK_RIDGE * torch.diag_embed(d)
-        u2 = torch.linalg.lstsq(A2, b[bad][..., None]).solution[..., 0]
+        u2 = torch.linalg.solve_ex(A2, b[bad][..., None], check_errors=False)[0][..., 0]
         u2 = torch.nan_to_num(u2, nan=0.0, posinf=0.0, neginf=0.0)
         u = u.index_put((bad,), u2)
     alpha_c = u[:, 1:] * vcf
@@ -217,38 +220,44 @@ def active_set_polish(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tens
     best_v = torch.full((G,), float("inf"), dtype=gram.dtype, device=gram.device)
     converged = torch.zeros(G, dtype=torch.bool, device=gram.device)
     failures = 0
-    cur_m, cur_e = margin, error
+    # Working set: only problems still moving are solved (converged ones are frozen and dropped, so
+    # late steps cost in proportion to the few stragglers).
+    work = torch.arange(G, device=gram.device)
+    gw, mw, Cw = gram, mask, C
+    cm, ce = margin, error
     run = 0
-    Cc = _c_column(C)
     for _ in range(max(steps, 0) + 1):
-        sol = fixed_partition_solve(gram, mask, cur_m, cur_e, C, 0.0)
+        Cc = _c_column(Cw)
+        sol = fixed_partition_solve(gw, mw, cm, ce, Cw, POLISH_RIDGE)
         failures += int((~sol.ok).sum())
-        g = sol.gradient(gram)
-        viol = kkt_violation(sol.alpha, g, mask, cur_m, cur_e, C)
-        better = viol < best_v
-        best_v = torch.where(better, viol, best_v)
-        best_m = torch.where(better[:, None], cur_m, best_m)
-        best_e = torch.where(better[:, None], cur_e, best_e)
-        reserve = mask & ~cur_m & ~cur_e
+        g = sol.gradient(gw)
+        viol = kkt_violation(sol.alpha, g, mw, cm, ce, Cw)
+        better = viol < best_v[work]
+        idx = work[better]
+        best_v[idx] = viol[better]
+        best_m[idx] = cm[better]
+        best_e[idx] = ce[better]
+        reserve = mw & ~cm & ~ce
         # Per-point violation (alpha in units of C); after `full_steps` steps only points within
         # `keep_frac` of their problem's worst violation move (damps PDAS's oscillation on clustered keys).
-        pv = torch.where(cur_m, torch.maximum(-sol.alpha, sol.alpha - Cc) / Cc,
-                         torch.where(reserve, -g, torch.where(cur_e, g, torch.full_like(g, -1.0))))
+        pv = torch.where(cm, torch.maximum(-sol.alpha, sol.alpha - Cc) / Cc,
+                         torch.where(reserve, -g, torch.where(ce, g, torch.full_like(g, -1.0))))
         thr = tol if run < full_steps else torch.clamp_min(keep_frac * pv.amax(-1, keepdim=True), tol)
         big = pv > thr
-        to_r = cur_m & big & (sol.alpha < 0)
-        to_e = cur_m & big & (sol.alpha > Cc)
+        to_r = cm & big & (sol.alpha < 0)
+        to_e = cm & big & (sol.alpha > Cc)
         r_to_s = reserve & big
-        e_to_s = cur_e & big
+        e_to_s = ce & big
         moved = (to_r | to_e | r_to_s | e_to_s).any(-1)
-        converged = converged | ~moved
-        if run >= steps or bool(converged.all()):
+        converged[work[~moved]] = True
+        if run >= steps or not bool(moved.any()):
             break
-        new_m = (cur_m & ~to_r & ~to_e) | r_to_s | e_to_s
-        new_e = (cur_e & ~e_to_s) | to_e
-        # Frozen once converged: converged problems keep their partition.
-        cur_m = torch.where(converged[:, None], cur_m, new_m)
-        cur_e = torch.where(converged[:, None], cur_e, new_e)
+        new_m = (cm & ~to_r & ~to_e) | r_to_s | e_to_s
+        new_e = (ce & ~e_to_s) | to_e
+        work = work[moved]
+        cm, ce = new_m[moved], new_e[moved]
+        if not bool(moved.all()):
+            gw, mw, Cw = gw[moved], mw[moved], Cw[moved]
         run += 1
     return PolishResult(margin=best_m, error=best_e, violation=best_v, converged=converged, steps=run,
                         solve_failures=failures)
@@ -292,7 +301,7 @@ def primal_active_set(gram: torch.Tensor, mask: torch.Tensor, alpha0: torch.Tens
     cur_m, cur_e = margin, error
     run = 0
     while True:
-        sol = fixed_partition_solve(gram, mask, cur_m, cur_e, C, 0.0)
+        sol = fixed_partition_solve(gram, mask, cur_m, cur_e, C, POLISH_RIDGE)
         failures += int((~sol.ok).sum())
         direction = sol.alpha - alpha
         # Ratio test on the margin keys.
@@ -327,7 +336,7 @@ def primal_active_set(gram: torch.Tensor, mask: torch.Tensor, alpha0: torch.Tens
         cur_m = torch.where(frozen, cur_m, new_m)
         cur_e = torch.where(frozen, cur_e, new_e)
         run += 1
-    final = fixed_partition_solve(gram, mask, cur_m, cur_e, C, 0.0)
+    final = fixed_partition_solve(gram, mask, cur_m, cur_e, C, POLISH_RIDGE)
     gf = final.gradient(gram)
     viol = kkt_violation(final.alpha, gf, mask, cur_m, cur_e, C).to(dt)
     return PolishResult(margin=cur_m, error=cur_e, violation=viol, converged=converged, steps=run,
