@@ -56,14 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     groups: dict[str, argparse._SubParsersAction] = {}
     for mod in _command_modules():
         words = mod.COMMAND.split()
+        help_text = mod.HELP.replace("%", "%%")  # argparse formats help strings with %
         if len(words) == 1:
-            sub = top.add_parser(words[0], help=mod.HELP, description=mod.HELP)
+            sub = top.add_parser(words[0], help=help_text, description=help_text)
         else:
             group, name = words
             if group not in groups:
                 gp = top.add_parser(group, help=GROUP_HELP.get(group, group))
                 groups[group] = gp.add_subparsers(dest="subcommand", metavar="NAME", required=True)
-            sub = groups[group].add_parser(name, help=mod.HELP, description=mod.HELP)
+            sub = groups[group].add_parser(name, help=help_text, description=help_text)
         if hasattr(mod, "add_arguments"):
             mod.add_arguments(sub)
         sub.set_defaults(_run=mod.run)
