@@ -165,7 +165,7 @@ def write_folder(model: torch.nn.Module, out: Path, *, command: str, training: d
 
             shutil.copyfile(code_file(name), out / name)
     params = count_parameters(model)
-    params["published_reading"] = published_reading(params, model.config)
+    params["published_reading"] = published_reading(params, model.config, type(model))
     manifest_args = dict(
         parameters=params, model=model_summary(model.config), versions=_versions(),
         provenance={"command": command, "git_commit": git_commit(), **git_state(),

@@ -90,15 +90,36 @@ def count_parameters(model: nn.Module) -> dict[str, Any]:
     }
 
 
-def published_reading(counts: dict[str, Any], config: Any) -> dict[str, Any]:
+PUBLISHED_SHAPE = {"vocab_size": 256, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+                   "max_position_embeddings": 256, "intermediate_size": 1024}
+
+
+def published_shape_counts(model_cls: type, config: Any) -> dict[str, Any]:
+    """:func:`count_parameters` of ``model_cls`` at the published shape, with this config's other settings
+    (operator, biases, tying); built on the meta device (no memory)."""
+    cfg = type(config).from_dict({**config.to_dict(), **PUBLISHED_SHAPE})
+    with torch.device("meta"):
+        ref = model_cls(cfg)
+    return count_parameters(ref)
+
+
+def published_reading(counts: dict[str, Any], config: Any, model_cls: type | None = None) -> dict[str, Any]:
     """How the counts compare with the published 3,220,992 (excluding the tied head).
 
+    Parameters
+    ----------
+    counts : :func:`count_parameters` of the model
+    config : its config
+    model_cls : its class; when given and the model is not at the published shape, the same code and
+        settings are also counted at the published shape (``at_published_shape``), so the card states
+        both the size difference and whether the code reproduces the published figure.
+
     Returns a dict with ``applies`` (the published shape: 256/4/4/256/1024), ``matches``,
-    ``difference`` and ``explanation`` (one paragraph for the model card).
+    ``difference``, ``backbone``, ``at_published_shape`` (backbone count there, or None) and
+    ``explanation`` (one paragraph for the model card).
     """
-    shape = (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-             config.max_position_embeddings, config.intermediate_size)
-    applies = shape == (256, 256, 4, 4, 256, 1024)
+    shape = {k: getattr(config, k) for k in PUBLISHED_SHAPE}
+    applies = shape == PUBLISHED_SHAPE
     backbone = counts["excluding_tied_head"] - counts["operator_specific_total"]
     diff = backbone - PUBLISHED_EXCLUDING_TIED_HEAD
     d, layers = config.hidden_size, config.num_hidden_layers
@@ -108,6 +129,7 @@ def published_reading(counts: dict[str, Any], config: Any) -> dict[str, Any]:
         f"{counts['excluding_tied_head']:,}; of these {counts['operator_specific_total']:,} are "
         f"operator-specific, leaving a backbone of {backbone:,}.",
     ]
+    at_published = None
     if applies:
         if diff == 0:
             lines.append(
@@ -125,5 +147,24 @@ def published_reading(counts: dict[str, Any], config: Any) -> dict[str, Any]:
                 f"(attention_bias={config.attention_bias}, mlp_bias={config.mlp_bias}): the published count "
                 "has bias-free q/k/v/o projections."
             )
+    else:
+        ours = ", ".join(f"{k} {v}" for k, v in shape.items())
+        theirs = ", ".join(f"{k} {v}" for k, v in PUBLISHED_SHAPE.items())
+        lines.append(
+            f"This model is not at the published shape ({theirs}): it has {ours} "
+            f"(config.json), so its backbone differs from the published {PUBLISHED_EXCLUDING_TIED_HEAD:,} "
+            f"by {diff:+,}."
+        )
+        if model_cls is not None:
+            ref = published_shape_counts(model_cls, config)
+            at_published = ref["excluding_tied_head"] - ref["operator_specific_total"]
+            same = at_published == PUBLISHED_EXCLUDING_TIED_HEAD
+            lines.append(
+                f"The same code and settings built at the published shape have a backbone of {at_published:,} "
+                "parameters excluding the tied head, "
+                + ("equal to the published figure." if same else
+                   f"{at_published - PUBLISHED_EXCLUDING_TIED_HEAD:+,} from it (attention_bias="
+                   f"{config.attention_bias}: the published count has bias-free q/k/v/o projections).")
+            )
     return {"applies": applies, "matches": applies and diff == 0, "difference": diff, "backbone": backbone,
-            "explanation": " ".join(lines)}
+            "at_published_shape": at_published, "explanation": " ".join(lines)}

@@ -56,3 +56,17 @@ def test_frozen_parameters_are_not_trainable():
     model.model.embed_positions.weight.requires_grad_(False)
     c = count_parameters(model)
     assert c["trainable"] == c["total"] - model.config.max_position_embeddings * 32
+
+
+def test_smaller_model_states_the_difference_and_the_count_at_the_published_shape():
+    model = _meta(operator="sv", hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=128)
+    c = count_parameters(model)
+    r = published_reading(c, model.config, SVForCausalLM)
+    assert not r["applies"] and r["difference"] == c["excluding_tied_head"] - PUBLISHED_EXCLUDING_TIED_HEAD
+    assert r["at_published_shape"] == PUBLISHED_EXCLUDING_TIED_HEAD
+    assert f"by {r['difference']:+,}" in r["explanation"] and "equal to the published figure" in r["explanation"]
+    biased = _meta(hidden_size=64, num_attention_heads=4, attention_bias=True)
+    r = published_reading(count_parameters(biased), biased.config, SVForCausalLM)
+    assert r["at_published_shape"] == PUBLISHED_EXCLUDING_TIED_HEAD + 4 * 4 * 256
+    assert "+4,096 from it" in r["explanation"]
