@@ -84,3 +84,8 @@ class TrainingDivergedError(SVAttentionError, RuntimeError):
 class HopCacheError(InvalidInputError):
     """A ceq hop cache does not match the call (its length is not kv_len - q_len, or the batch / heads /
     operator / hops differ from what filled it): reset the cache and prefill again."""
+
+
+class TemplateError(InvalidInputError):
+    """A README section template is malformed (unknown filter, bad placeholder syntax, an ambiguous list
+    selector, an unclosed ``{{ for }}`` block): fix the placeholder in ``docs/readme/*.md``."""
