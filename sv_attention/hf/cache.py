@@ -42,10 +42,23 @@ slot's key/value are released. ``reencode=True`` recomputes the suffix after the
 position without the deleted tokens (needs ``model`` and ``input_ids``): the cache then equals a cache
 that never saw them.
 
-Known limits: batch rows with left padding admit their pad keys into the solvers (the cache does not
-see the padding mask; eviction stays exact, but the padded rows' gate differs from the padding-aware gate
-the attention function fits without this cache); sliding-window layers are refused; beam search (cache
-reordering) is refused.
+Padding (:meth:`CertifiedCache.set_padding`)
+--------------------------------------------
+The cache does not see the model's attention mask. Declare left padding on the fresh cache with
+``cache.set_padding(attention_mask)``: each batch row then keeps its own admitted history (pad keys never
+enter its solvers) and starts its solvers at the first chunk boundary by which it has ``chunk`` real
+tokens, with the bandwidth of those tokens. With a pad count that is a multiple of ``chunk``, a padded row
+computes exactly what the same sequence computes alone (tested through generate and eviction); otherwise
+its boundaries stay the global ones. Without the declaration, pad keys are admitted like real keys
+(eviction stays exact, but a padded row's gate differs from the one the attention function fits itself).
+
+Transactions
+------------
+``evict``, ``forget`` (with or without ``reencode``) and ``crop`` snapshot the cache first (tensors by
+reference, solvers deep-copied); a failure part-way restores the snapshot, so every error leaves the
+cache as it was. (An exception inside a model forward, i.e. during ``update``, is not rolled back.)
+
+Known limits: sliding-window layers are refused; beam search (cache reordering) is refused.
 """
 
 from __future__ import annotations
@@ -846,7 +859,27 @@ class CertifiedCache(Cache):
                             new.row_history[i].update(blk)
                     layer.bank = new
             layer.admitted_upto = min(layer.admitted_upto, target)
+            self._reevict(layer, trigger=f"rebuild of the cache for the first {m} positions")
             layer.invalidate_snapshot()
+
+    def _reevict(self, layer: CertifiedLayer, trigger: str) -> None:
+        """After a rebuild, keep the layer's physically evicted tokens certified: those still admitted go
+        back into the solvers' evicted stores (re-checked at every later admission); a token that is not
+        reserve in the rebuilt solvers, that is no longer admitted (it is in the current chunk again, read
+        densely), or that is a real token of a row whose solvers have not started, is restored."""
+        if not layer.evicted:
+            return
+        bank = layer.bank
+        held: set[int] = set(layer.evicted)
+        if bank is not None:
+            bank.evict_reserve()
+            hist = bank.history
+            held = {p for p in layer.evicted if p not in hist} | (set(layer.evicted) & bank.active_positions())
+            waiting = [i for i in range(bank.shape[0]) if not bank.started(i)]
+            if waiting:
+                ev = np.array(sorted(layer.evicted), dtype=np.int64)
+                held |= {int(p) for p in ev[self._valid_at(ev, bank.shape[0])[waiting].any(axis=0)]}
+        self._restore(layer, held, trigger=trigger)
 
     @staticmethod
     def _history_keys(bank: SolverBank) -> dict[tuple[int, int], dict[int, np.ndarray]]:

@@ -594,3 +594,24 @@ def test_set_padding_is_checked() -> None:
     two.set_padding(torch.ones(2, 2))
     with pytest.raises(InvalidInputError, match="declared 2 batch rows"):
         two.update(*_kv([[0.0, 0.0]] * 3), 0)
+
+
+def test_crop_after_eviction_keeps_evicted_tokens_under_the_recheck(model: LlamaForCausalLM) -> None:
+    """A rebuild (crop / re-encode) must leave every physically evicted token in the solvers' evicted
+    stores, where each later admission re-checks it, and not as an active key whose alpha may grow."""
+    torch.manual_seed(19)
+    ids = torch.randint(0, 64, (1, 4 * CHUNK + 3))
+    ev, _ = _prefill(model, ids)
+    ref, _ = _prefill(model, ids)
+    assert ev.evict().n_evicted > 0
+    ev.crop(-(CHUNK + 1))
+    ref.crop(-(CHUNK + 1))
+    for layer in ev.layers:
+        gone = set(layer.evicted)
+        assert gone and all(gone <= set(s.evicted_ids) for _, _, s in layer.bank.each())
+        assert not gone & layer.bank.active_positions()
+    worst = 0.0
+    for _ in range(2 * CHUNK):
+        tok = torch.randint(0, 64, (1, 1))
+        worst = max(worst, float((_step(model, ref, tok) - _step(model, ev, tok)).abs().max()))
+    assert worst <= 1e-5
