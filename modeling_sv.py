@@ -660,7 +660,8 @@ class SVModel(SVPreTrainedModel):
         ----------
         input_ids : ``[b, t]`` byte ids, or ``inputs_embeds`` ``[b, t, hidden]``
         attention_mask : ``[b, past + t]`` padding mask (1 = real token), a 4-D bool / additive mask, or None
-        position_ids : ``[b|1, t]``; default ``past + arange(t)``; must stay below ``max_position_embeddings``
+        position_ids : ``[b|1, t]``; default ``past + arange(t)``, or counted over the real tokens of a 2-D
+            padding mask (see :func:`default_position_ids`); must stay below ``max_position_embeddings``
         cache / past_key_values : a transformers ``Cache`` (both spellings accepted)
         """
         cache = cache if cache is not None else past_key_values
@@ -688,8 +689,12 @@ class SVModel(SVPreTrainedModel):
         b, t = inputs_embeds.shape[:2]
         device = inputs_embeds.device
         past = cache.get_seq_length() if cache is not None else 0
+        kv_len = past + t
+        query_slots = torch.arange(past, kv_len, device=device)
+        key_slots = torch.arange(kv_len, device=device)
+        mask = build_mask(attention_mask, query_slots, key_slots, b)
         if position_ids is None:
-            position_ids = (past + torch.arange(t, device=device))[None, :]
+            position_ids = default_position_ids(attention_mask, past, t, device)
         if position_ids.numel() and int(position_ids.max()) >= self.config.max_position_embeddings:
             raise InvalidInputError(
                 f"position {int(position_ids.max())} is beyond the block size "
@@ -697,11 +702,6 @@ class SVModel(SVPreTrainedModel):
                 f"(or the generation length) so that prompt + new tokens <= {self.config.max_position_embeddings}"
             )
         hidden = self.drop(inputs_embeds + self.embed_positions(position_ids))
-
-        kv_len = past + t
-        query_slots = torch.arange(past, kv_len, device=device)
-        key_slots = torch.arange(kv_len, device=device)
-        mask = build_mask(attention_mask, query_slots, key_slots, b)
 
         all_hidden: tuple[torch.Tensor, ...] | None = () if output_hidden_states else None
         all_attn: tuple[torch.Tensor, ...] | None = () if output_attentions else None
@@ -718,6 +718,20 @@ class SVModel(SVPreTrainedModel):
         out = BaseModelOutputWithPast(last_hidden_state=hidden, hidden_states=all_hidden, attentions=all_attn,
                                       **{CACHE_FIELD: cache})
         return out.to_tuple() if return_dict is False else out
+
+
+def default_position_ids(attention_mask: torch.Tensor | None, past: int, t: int,
+                         device: torch.device) -> torch.Tensor:
+    """Positions ``[b|1, t]`` of the new tokens when the caller gives none.
+
+    With a 2-D padding mask ``[b, past + t]`` that hides some tokens, a row's positions count its real
+    tokens (``cumsum(mask) - 1``, pads at 0), so a left-padded row gets the positions of the same text
+    without padding; otherwise ``past + arange(t)``.
+    """
+    if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.to(torch.bool).all()):
+        real = attention_mask.to(device=device, dtype=torch.long).ne(0).long()
+        return (real.cumsum(-1) - 1).clamp(min=0)[:, -t:]
+    return (past + torch.arange(t, device=device))[None, :]
 
 
 def build_mask(attention_mask: torch.Tensor | None, query_slots: torch.Tensor, key_slots: torch.Tensor,

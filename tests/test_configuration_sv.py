@@ -100,3 +100,13 @@ def test_version_series_rule():
     for written, installed in (("0.2.0", "0.1.0"), ("1.0.0", "2.0.0"), ("0.1.0", "1.0.0")):
         with pytest.raises(VersionMismatchError):
             check_version_compatible(written, installed)
+
+
+def test_sv_chunk_at_or_beyond_the_block_warns():
+    with pytest.warns(UserWarning, match="never gates"):
+        SVConfig(operator="sv", operator_config={"chunk": 64}, max_position_embeddings=64)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SVConfig(operator="sv", operator_config={"chunk": 32}, max_position_embeddings=64)

@@ -212,7 +212,9 @@ def test_left_padding_matches_unpadded():
     with torch.no_grad():
         ref = m(x, use_cache=False).logits
         got = m(pad, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, 3:]
+        implicit = m(pad, attention_mask=mask, use_cache=False).logits[:, 3:]  # positions from the mask
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(implicit, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_batched_generate_with_padding_matches_single():
@@ -339,7 +341,7 @@ def test_sv_left_padded_rows_are_gated_at_their_own_positions():
     a, b, ids, mask = _left_padded()
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        padded = m(ids, attention_mask=mask, position_ids=pos, use_cache=False, output_attentions=True)
+        padded = m(ids, attention_mask=mask, use_cache=False, output_attentions=True)  # positions from the mask
         ref_a, ref_b = m(a, use_cache=False).logits, m(b, use_cache=False).logits
         parts, cache = [], None  # cached prefill + decode of the padded batch equals its full forward
         for lo, hi in ((0, 10), (10, 11), (11, 14)):
