@@ -35,6 +35,9 @@ from sv_attention.train.config import TrainConfig
 class QuickstartOptions:
     """Knobs of the quickstart (defaults: a quiet 2-core CPU finishes in minutes).
 
+    The defaults are the training setting of the committed artifact (``hf_artifact/``, see
+    ``results/train_twins.json``), so ``make demo`` retrains that SV model and its softmax twin.
+
     Attributes
     ----------
     run_dir : str
@@ -53,7 +56,7 @@ class QuickstartOptions:
     """
 
     run_dir: str = "runs/quickstart"
-    steps: int = 400
+    steps: int = 500
     batch_size: int = 16
     hidden_size: int = 128
     num_layers: int = 2
@@ -61,9 +64,9 @@ class QuickstartOptions:
     block_size: int = 128
     chunk: int = 32
     lr: float = 3e-3
-    warmup_steps: int = 20
-    eval_every: int = 100
-    eval_bytes: int = 32_768
+    warmup_steps: int = 40
+    eval_every: int = 125
+    eval_bytes: int = 65_536
     embedded_bytes: int = 4_000_000
     seed: int = 0
     operators: list[str] = field(default_factory=lambda: ["sv", "softmax"])
