@@ -331,7 +331,7 @@ def leading_pad(mask: torch.Tensor | None, batch: int, kv_len: int) -> list[int]
     ----------
     mask : bool ``[b|1, 1|h, q, kv]`` (True = attend) or None
     """
-    if mask is None or mask.shape[0] != batch or mask.shape[0] == 1:
+    if mask is None or mask.shape[0] != batch:
         return None
     visible = mask.any(-2).any(1)  # [b, kv]
     first = torch.where(visible.any(-1), visible.to(torch.int8).argmax(-1), torch.full_like(visible[:, 0],

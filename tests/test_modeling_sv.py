@@ -351,6 +351,9 @@ def test_sv_left_padded_rows_are_gated_at_their_own_positions():
             parts.append(out.logits)
     torch.testing.assert_close(padded.logits[0], ref_a[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(padded.logits[1, 5:], ref_b[0], rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # a batch of one padded row too
+        alone = m(ids[1:], attention_mask=mask[1:], use_cache=False).logits
+    torch.testing.assert_close(alone[0, 5:], ref_b[0], rtol=1e-5, atol=1e-5)
     assert (torch.cat(parts, 1) - padded.logits).abs().max() <= 1e-5
     w = padded.attentions[1][1]
     assert float(w[:, :, :5].abs().max()) == 0.0  # pad slots neither attend nor are attended
