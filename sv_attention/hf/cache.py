@@ -327,6 +327,9 @@ class CertifiedCache(Cache):
         keys, values : Tensor ``[b, kv_heads, slots, head_dim]``
         """
         layer = self.layers[layer_idx]
+        if self._valid is not None and key_states.shape[0] != self._valid.shape[0]:
+            raise InvalidInputError(f"set_padding declared {self._valid.shape[0]} batch rows, the model runs "
+                                    f"{key_states.shape[0]}; declare the padding of this batch")
         p0 = layer.seen
         layer.update(key_states, value_states)
         q = key_states.shape[-2]

@@ -594,6 +594,7 @@ def test_set_padding_is_checked() -> None:
     two.set_padding(torch.ones(2, 2))
     with pytest.raises(InvalidInputError, match="declared 2 batch rows"):
         two.update(*_kv([[0.0, 0.0]] * 3), 0)
+    assert two.get_seq_length() == 0 and not two.layers[0].is_initialized  # refused before any change
 
 
 def test_crop_after_eviction_keeps_evicted_tokens_under_the_recheck(model: LlamaForCausalLM) -> None:
