@@ -11,8 +11,8 @@ Template syntax (inside a section file)
     The value at ``PATH`` in ``results/STEM.json``. ``PATH`` is dotted: ``rows.3.median_delete_ms``.
     A segment that is an integer indexes a list; ``[key=value,key2=value2]`` selects the one list element
     (a mapping) whose fields equal those values (numbers compare numerically); ``[some.key]`` (no ``=``)
-    is a mapping key that contains dots. Filters, applied left to right: ``*N`` / ``/N`` scale a number,
-    ``int`` rounds it, anything else is a Python format spec (``.2f``, ``.1e``, ``,``, ``.0%``). Strings are
+    is a mapping key that contains dots. Filters, applied left to right: ``len`` (first only) counts a
+    list or mapping, ``*N`` / ``/N`` scale a number, ``int`` rounds it, anything else is a Python format spec (``.2f``, ``.1e``, ``,``, ``.0%``). Strings are
     written as they are; a list is written as its elements joined by `` / ``.
 ``{{ cmd: STEM }}``
     The command that wrote ``results/STEM.json`` (its ``provenance.command``).
@@ -206,6 +206,10 @@ def format_value(value: Any, filters: list[str]) -> str:
     TemplateError
         When a filter is not a scale, ``int`` or a valid format spec for the value.
     """
+    if filters and filters[0].strip() == "len":
+        if not isinstance(value, (list, dict, str)):
+            raise TemplateError(f"the len filter needs a list, mapping or string, not {value!r}")
+        value, filters = len(value), filters[1:]
     if isinstance(value, list):
         return " / ".join(format_value(v, filters) for v in value)
     if isinstance(value, dict):
