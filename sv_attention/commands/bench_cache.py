@@ -9,7 +9,8 @@ with ``attn_implementation="sv_attention"``:
 - **eviction cost**: ``cache.evict()`` wall time per evicted token;
 - **memory** before/after certified eviction on a *redundant* stream (a short token pattern repeated)
   and on a random stream: ``memory_bytes()`` (the key/value tensors), per-head reserve fraction,
-  realised eviction fraction, and the offload tier's size;
+  realised eviction fraction, and every tier of ``memory_report()`` (offload, alpha snapshots, and the
+  fp64 solvers: keys, Gram, bordered inverse, evicted-key store), summed as ``all_tiers_bytes``;
 - **decode tokens/s**: greedy decode of ``--new-tokens`` tokens after the prompt with the certified
   cache (with and without an eviction after the prefill) vs the model's ``DynamicCache`` (where the
   ``sv_attention`` function fits its own gate), decode steps interleaved across the three caches so
@@ -79,8 +80,11 @@ def bench_deletion(model: Any, ids: Any, trials: int, seed: int) -> dict[str, An
     victims = rng.choice(admitted, size=min(trials, len(admitted)), replace=False).tolist()
     per_solver: dict[tuple[int, int], list[float]] = {}
     by_kind: dict[str, list[float]] = {"support": [], "reserve": []}
-    calls, kkts = [], []
+    calls, kkts, snaps = [], [], []
     for p in victims:
+        t0 = time.perf_counter()
+        [layer.snapshot() for layer in cache.layers]  # what forget's rollback snapshot costs
+        snaps.append(time.perf_counter() - t0)
         was_sv = {(layer.layer_idx, j): float(layer.bank.solvers[0][j].alpha_of([int(p)])[0]) > 0
                   for layer in cache.layers for j in range(len(layer.bank.solvers[0]))}
         rep = cache.forget([int(p)])
@@ -102,6 +106,7 @@ def bench_deletion(model: Any, ids: Any, trials: int, seed: int) -> dict[str, An
         "deletions": len(victims),
         "median_solver_decrement_ms": med * 1e3,
         "median_forget_call_ms": statistics.median(calls) * 1e3,
+        "median_rollback_snapshot_ms": statistics.median(snaps) * 1e3,
         "per_layer_head_median_ms": {f"L{k[0]}H{k[1]}": statistics.median(v) * 1e3 for k, v in sorted(per_solver.items())},
         "median_support_vector_decrement_ms": statistics.median(by_kind["support"]) * 1e3 if by_kind["support"]
         else None,
@@ -120,9 +125,15 @@ def bench_memory(model: Any, ids: Any, label: str) -> dict[str, Any]:
     cache = CertifiedCache(model.config)
     _prefill(model, ids, cache)
     before = cache.memory_bytes()
+    tiers_before = cache.memory_report()
     rep = cache.evict()
     n_ev = rep.n_evicted
+    tiers_after = cache.memory_report()
     return {
+        "tiers_before": tiers_before,
+        "tiers_after": tiers_after,
+        "all_tiers_bytes_before": sum(tiers_before.values()),
+        "all_tiers_bytes_after": sum(tiers_after.values()),
         "stream": label,
         "tokens": int(ids.shape[1]),
         "memory_bytes_before": before,
@@ -226,14 +237,17 @@ def run(args: argparse.Namespace) -> int:
               f"{d['median_solver_decrement_ms']:.3f} ms per solver (support vectors: "
               f"{_ms(d['median_support_vector_decrement_ms'])}, reserve: {_ms(d['median_reserve_decrement_ms'])}), "
               f"{d['median_forget_call_ms']:.2f} ms per forget "
-              f"call ({d['solvers_per_deletion']} solvers); one-solver refit {d['refit_one_solver_ms']:.2f} ms "
+              f"call ({d['solvers_per_deletion']} solvers, of which {d['median_rollback_snapshot_ms']:.2f} ms is the "
+              f"rollback snapshot); one-solver refit {d['refit_one_solver_ms']:.2f} ms "
               f"({d['refit_over_decrement']:.0f}x); max KKT residual {d['max_kkt_residual']:.1e}")
-    print(f"{'stream':<38} {'mem before':>11} {'after':>9} {'ratio':>6} {'reserve':>8} {'realised':>9} {'us/token':>9}")
+    print(f"{'stream':<38} {'kv before':>10} {'after':>9} {'ratio':>6} {'reserve':>8} {'realised':>9} {'us/token':>9} "
+          f"{'all tiers before':>17} {'after':>9}")
     for m in p["memory"]:
         per = m["evict_us_per_token"]
-        print(f"{m['stream']:<38} {m['memory_bytes_before']:>11} {m['memory_bytes_after']:>9} "
+        print(f"{m['stream']:<38} {m['memory_bytes_before']:>10} {m['memory_bytes_after']:>9} "
               f"{m['memory_ratio']:>6.3f} {m['mean_reserve_fraction']:>8.3f} {m['realised_fraction']:>9.3f} "
-              f"{'' if per is None else f'{per:.1f}':>9}")
+              f"{'' if per is None else f'{per:.1f}':>9} {m['all_tiers_bytes_before']:>17} "
+              f"{m['all_tiers_bytes_after']:>9}")
     dec = p["decode"]
     print(f"{'cache':<18} {'prefill tok/s':>13} {'decode tok/s':>13} {'decode vs dynamic':>18}")
     for name in ("dynamic", "certified", "certified_evicted"):
