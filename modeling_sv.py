@@ -583,6 +583,29 @@ class SVPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _can_compile_fullgraph = False
 
+    def set_attn_implementation(self, attn_implementation: str | dict, *args: Any, **kwargs: Any) -> None:
+        """transformers' ``set_attn_implementation``, refusing the stock kernels with a typed error.
+
+        ``"eager"`` runs ``config.operator`` (``softmax`` already calls torch SDPA inside); a name registered
+        with ``AttentionInterface.register`` (e.g. the plug-in's ``"sv_attention"`` / ``"ceq"``) swaps that
+        function in. ``"sdpa"`` / flash / flex would silently drop the operator, so they are refused.
+
+        Raises
+        ------
+        UnsupportedFeatureError
+            For ``sdpa``, ``flash_attention_*``, ``flex_attention`` and ``paged|`` names.
+        """
+        names = attn_implementation.values() if isinstance(attn_implementation, dict) else [attn_implementation]
+        for name in names:
+            if isinstance(name, str) and any(k in name for k in ("sdpa", "flash", "flex", "paged|")):
+                raise UnsupportedFeatureError(
+                    f"sv_lm models run their own attention operator ({self.config.operator!r}); {name!r} would "
+                    "replace it with a stock kernel. Use 'eager' for the configured operator (softmax already "
+                    "uses torch SDPA inside) or a function registered with AttentionInterface.register "
+                    "(e.g. 'sv_attention', 'ceq' after `import sv_attention`)"
+                )
+        super().set_attn_implementation(attn_implementation, *args, **kwargs)
+
     def _init_weights(self, module: nn.Module) -> None:
         head_bias = getattr(module, "_sv_head_bias", None)
         if head_bias is not None and isinstance(module, nn.Linear):  # smprime gate heads

@@ -10,7 +10,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from configuration_sv import SVConfig
 from modeling_sv import CACHE_FIELD, SVForCausalLM, SVLMCache, sv_operator_attention
 from sv_attention.artifact.params import count_parameters
-from sv_attention.errors import InvalidInputError
+from sv_attention.errors import InvalidInputError, UnsupportedFeatureError
 from sv_attention.ops.baselines import softmax_attention
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=48)
@@ -280,6 +280,10 @@ def test_set_attn_implementation_swaps_the_function():
         m(x, use_cache=False)
     assert calls == [0, 1]
     assert torch.equal(ref, got)
+    for stock in ("sdpa", "flash_attention_2", "flex_attention"):  # would silently drop the operator
+        with pytest.raises(UnsupportedFeatureError, match="own attention operator"):
+            m.set_attn_implementation(stock)
+    assert m.config._attn_implementation == "eager"
 
 
 def test_plugin_implementations_switch_in_and_out():
