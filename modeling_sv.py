@@ -702,8 +702,9 @@ class SVModel(SVPreTrainedModel):
                 )
             inputs_embeds = self.embed_tokens(input_ids)
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if self.gradient_checkpointing and self.training:
-            use_cache = False
+        if self.training and (self.gradient_checkpointing
+                              or any(getattr(layer, "gradient_checkpointing", False) for layer in self.layers)):
+            use_cache = False  # (transformers >= 5 flags the layers, not the model)
         if use_cache and cache is None:
             cache = SVLMCache(config=self.config)
         if not use_cache:

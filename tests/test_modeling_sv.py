@@ -241,6 +241,7 @@ def test_gradient_checkpointing_gives_same_loss_and_grads():
         out = m(x, labels=x)
         out.loss.backward()
         assert len(calls) == (2 if ckpt else 1)  # checkpointing re-runs the layer in backward
+        assert (getattr(out, CACHE_FIELD) is None) == ckpt  # no cache is built under checkpointing
         grads.append((out.loss.detach(), m.model.layers[0].attn.q_proj.weight.grad.clone(),
                       m.model.layers[1].attn.ceq_alpha.grad.clone()))
     torch.testing.assert_close(grads[0][0], grads[1][0])
