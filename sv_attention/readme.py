@@ -22,7 +22,10 @@ Template syntax (inside a section file)
 ``{{ for VAR in STEM: PATH }}`` ... ``{{ end }}`` (each on its own line)
     Repeats the lines between them for every element of the list (or every value of the mapping) at
     ``PATH``; inside, ``{{ VAR.PATH | FILTER }}`` reads from the element. ``{{ for KEY, VAR in ... }}``
-    also binds the mapping key (or list index) to ``{{ KEY }}``.
+    also binds the mapping key (or list index) to ``{{ KEY }}``. ``... PATH if VAR.FIELD }}`` keeps only the
+    elements where ``FIELD`` exists and is not null / false (``if not VAR.FIELD``: the others).
+``{{! TEXT }}``
+    Writes ``{{ TEXT }}`` literally (for code examples that contain braces).
 ``{{ toc }}``
     The table of contents (only in the header; added after the header when absent).
 
@@ -53,7 +56,8 @@ GENERATED_NOTE = (
     "Edit those files, not this one. -->"
 )
 _PLACEHOLDER = re.compile(r"\{\{\s*(.*?)\s*\}\}")
-_FOR = re.compile(r"^\s*\{\{\s*for\s+(?:(\w+)\s*,\s*)?(\w+)\s+in\s+([\w.-]+)\s*:\s*(.+?)\s*\}\}\s*$")
+_FOR = re.compile(r"^\s*\{\{\s*for\s+(?:(\w+)\s*,\s*)?(\w+)\s+in\s+([\w.-]+)\s*:\s*(\S+)"
+                  r"(?:\s+if\s+(not\s+)?(\w+)((?:[.\[]\S*)?))?\s*\}\}\s*$")
 _END = re.compile(r"^\s*\{\{\s*end\s*\}\}\s*$")
 _SEGMENT = re.compile(r"\[([^\]]*)\]|([^.\[\]]+)")
 _SCALE = re.compile(r"^([*/])\s*([0-9.eE+-]+)$")
@@ -270,6 +274,8 @@ def _summary_table(names: list[str], results: _Results, source: str, issues: lis
 def _expand(expr: str, results: _Results, env: dict[str, Any], source: str, issues: list[Issue]) -> str:
     """The text of one ``{{ expr }}``."""
     head, filters = _split_filters(expr)
+    if expr.startswith("!"):
+        return "{{" + expr[1:].rstrip() + " }}"  # an escaped literal: {{! x }} writes {{ x }}
     if head == "toc" and not filters:
         return "{{ toc }}"  # filled by render_readme once every heading is known
     if ":" in head:
@@ -351,7 +357,9 @@ def render_template(text: str, results: _Results, source: str, issues: list[Issu
             j += 1
         if depth:
             raise TemplateError(f"{source}:{i + 1}: {{{{ for }}}} without a closing {{{{ end }}}}")
-        key_var, var, stem, path = m.groups()
+        key_var, var, stem, path, negate, cond_var, cond_path = m.groups()
+        if cond_var is not None and cond_var not in (var, key_var):
+            raise TemplateError(f"{source}:{i + 1}: the condition must test the loop variable, not {cond_var!r}")
         body = "\n".join(lines[i + 1:j])
         data = results.load(stem)
         container = _MISSING if data is _MISSING else resolve(data, path)
@@ -363,6 +371,11 @@ def render_template(text: str, results: _Results, source: str, issues: list[Issu
             out.append(results.marker(stem))
         else:
             for key, item in _iterate(container):
+                if cond_var is not None:
+                    probe = resolve(item if cond_var == var else key, (cond_path or "").lstrip("."))
+                    present = probe is not _MISSING and probe is not None and probe is not False
+                    if present == bool(negate):
+                        continue
                 inner = {**env, var: (stem, item)}
                 if key_var:
                     inner[key_var] = (stem, key)

@@ -94,6 +94,18 @@ def test_render_fills_placeholders_loops_and_commands(tmp_path):
     assert render_readme(root=tmp_path, sections_dir=sdir).text == text  # deterministic
 
 
+def test_loop_conditions_and_literal_escape(tmp_path):
+    sdir = _tree(tmp_path, {"solver": (
+        "## S\n{{ for r in bench_thing: rows if r.tag }}\n- {{ r.n }}\n{{ end }}\n"
+        "{{ for r in bench_thing: cells if not r.missing }}\n- {{ r.rate }}\n{{ end }}\n"
+        "{{ for r in bench_thing: rows if r.absent }}\n- never\n{{ end }}\n"
+        "`{{! message.content }}`\n")})
+    out = render_readme(root=tmp_path, sections_dir=sdir)
+    assert "## S\n- 120\n- 512\n- 0.1\n- 0.2\n`{{ message.content }}`" in out.text
+    assert "never" not in out.text
+    assert not [i for i in out.issues if i.source == "solver.md"]
+
+
 def test_missing_file_and_path_render_a_visible_marker_and_are_listed(tmp_path):
     sdir = _tree(tmp_path, {"solver": (
         "## Solver\n\nA {{ bench_thing: rows[n=999].ms | .2f }} B {{ bench_deletion: rows.0.ms }} "
