@@ -56,7 +56,9 @@ Transactions
 ------------
 ``evict``, ``forget`` (with or without ``reencode``) and ``crop`` snapshot the cache first (tensors by
 reference, solvers deep-copied); a failure part-way restores the snapshot, so every error leaves the
-cache as it was. (An exception inside a model forward, i.e. during ``update``, is not rolled back.)
+cache as it was. A forward step whose chunk admission fails in some layer is undone in every layer
+(that layer from its snapshot, the earlier ones by a rebuild to the previous length) and raises
+:class:`~sv_attention.errors.SolverError`.
 
 Known limits: sliding-window layers are refused; beam search (cache reordering) is refused.
 """
@@ -231,14 +233,16 @@ class CertifiedLayer(CacheLayerMixin):
 
     _SNAPSHOT_FIELDS = ("keys", "values", "positions", "seen", "admitted_upto", "is_initialized", "device")
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, deep: bool = True) -> dict[str, Any]:
         """Everything a mutation may change, for :meth:`rollback`.
 
         The key/value/position tensors are kept by reference (every mutation builds new tensors, none
-        writes in place); the solvers are deep-copied (they are updated in place).
+        writes in place); the solvers are deep-copied (they are updated in place) unless ``deep=False``
+        (for a step that does not touch them).
         """
         st = {f: getattr(self, f, None) for f in self._SNAPSHOT_FIELDS}
-        st.update(bank=copy.deepcopy(self.bank), evicted=dict(self.evicted), forgotten=set(self.forgotten))
+        st.update(bank=copy.deepcopy(self.bank) if deep else self.bank, evicted=dict(self.evicted),
+                  forgotten=set(self.forgotten))
         return st
 
     def rollback(self, st: dict[str, Any]) -> None:
@@ -331,9 +335,20 @@ class CertifiedCache(Cache):
             raise InvalidInputError(f"set_padding declared {self._valid.shape[0]} batch rows, the model runs "
                                     f"{key_states.shape[0]}; declare the padding of this batch")
         p0 = layer.seen
-        layer.update(key_states, value_states)
         q = key_states.shape[-2]
-        weights = self._gate(layer, p0, q)
+        # a call that crosses a chunk boundary admits keys into the solvers: snapshot them first
+        admits = layer.is_initialized and ((p0 + q - 1) // self.chunk) * self.chunk > layer.admitted_upto
+        st = layer.snapshot(deep=admits)
+        layer.update(key_states, value_states)
+        try:
+            weights = self._gate(layer, p0, q)
+        except BaseException as exc:
+            self._undo_step(layer_idx, st, p0)
+            if isinstance(exc, SVAttentionError) or not isinstance(exc, Exception):
+                raise
+            raise SolverError(f"layer {layer_idx}: admitting the chunk before position {p0 + q} failed "
+                              f"({type(exc).__name__}: {exc}); the step was undone in every layer (the cache holds "
+                              f"positions 0..{p0 - 1} as before the call)") from exc
         if self._gate_consumed():
             qpos = torch.arange(p0, p0 + q, dtype=torch.long, device=layer.positions.device)
             set_pending_gate(GateHandoff(layer_idx=layer_idx, weights=weights, key_positions=layer.positions,
@@ -341,6 +356,15 @@ class CertifiedCache(Cache):
         return layer.keys, layer.values
 
     # ------------------------------------------------------------------ transactions
+    def _undo_step(self, layer_idx: int, st: dict[str, Any], p0: int) -> None:
+        """Undo a forward step that failed in ``layer_idx``: that layer returns to its snapshot, the layers
+        the step already went through drop the step's positions (their solvers are rebuilt from the stored
+        fp64 keys, as :meth:`crop` does), and no gate is left pending."""
+        self.layers[layer_idx].rollback(st)
+        clear_pending_gates()
+        if any(layer.seen > p0 for layer in self.layers):
+            self._truncate(p0)
+
     def _transaction(self, what: str, fn: Any, *args: Any) -> Any:
         """Run ``fn(*args)``; if it raises, put every layer back as it was and re-raise.
 

@@ -616,3 +616,23 @@ def test_crop_after_eviction_keeps_evicted_tokens_under_the_recheck(model: Llama
         tok = torch.randint(0, 64, (1, 1))
         worst = max(worst, float((_step(model, ref, tok) - _step(model, ev, tok)).abs().max()))
     assert worst <= 1e-5
+
+
+def test_a_failed_admission_undoes_the_step_in_every_layer(model: LlamaForCausalLM,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(20)
+    ids = torch.randint(0, 64, (1, 2 * CHUNK))  # the next token crosses the boundary 2 * CHUNK
+    cache, _ = _prefill(model, ids)
+    twin, _ = _prefill(model, ids)
+    tok = torch.randint(0, 64, (1, 1))
+    n_add = len(cache.layers[0].bank.solvers[0])  # layer 0's solvers admit, layer 1's first solver fails
+    _fail_on_call(monkeypatch, IncrementalSVDD, "add", n_add + 1)
+    with pytest.raises(SolverError, match="undone in every layer"):
+        _step(model, cache, tok)
+    monkeypatch.undo()
+    for la, lb in zip(cache.layers, twin.layers, strict=True):
+        assert la.seen == lb.seen == 2 * CHUNK and la.admitted_upto == lb.admitted_upto
+        assert torch.equal(la.keys, lb.keys) and la.positions.tolist() == lb.positions.tolist()
+        assert la.bank.row_history == lb.bank.row_history
+    assert pop_pending_gate(0) is None and pop_pending_gate(1) is None
+    assert float((_step(model, cache, tok) - _step(model, twin, tok)).abs().max()) <= 1e-6
