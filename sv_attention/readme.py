@@ -12,8 +12,9 @@ Template syntax (inside a section file)
     A segment that is an integer indexes a list; ``[key=value,key2=value2]`` selects the one list element
     (a mapping) whose fields equal those values (numbers compare numerically); ``[some.key]`` (no ``=``)
     is a mapping key that contains dots. Filters, applied left to right: ``len`` (first only) counts a
-    list or mapping, ``*N`` / ``/N`` scale a number, ``int`` rounds it, anything else is a Python format spec (``.2f``, ``.1e``, ``,``, ``.0%``). Strings are
-    written as they are; a list is written as its elements joined by `` / ``.
+    list or mapping, ``*N`` / ``/N`` scale a number, ``recip`` inverts it, ``int`` rounds it, anything
+    else is a Python format spec (``.2f``, ``.1e``, ``,``, ``.0%``). Strings are written as they are; a
+    list is written as its elements joined by `` / ``.
 ``{{ cmd: STEM }}``
     The command that wrote ``results/STEM.json`` (its ``provenance.command``).
 ``{{ summary: NAME NAME ... }}``
@@ -236,6 +237,9 @@ def format_value(value: Any, filters: list[str]) -> str:
         elif f == "int":
             if is_num and math.isfinite(value):
                 value = int(round(value))
+        elif f == "recip":
+            if is_num:
+                value = 1.0 / value if value != 0 else math.inf
         else:
             spec = f
     if value is None:

@@ -63,6 +63,7 @@ def test_format_value_filters():
     assert format_value(0.0173, ["*1000", ".1f"]) == "17.3"
     assert format_value(1609864, ["/1048576", ".2f"]) == "1.54"
     assert format_value(29.6, ["int"]) == "30"
+    assert format_value(0.2258, ["recip", ".1f"]) == "4.4"
     assert format_value(0.7142857, [".0%"]) == "71%"
     assert format_value(7.99e-15, [".0e"]) == "8e-15"
     assert format_value([30, 30, 29], []) == "30 / 30 / 29"
