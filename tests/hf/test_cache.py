@@ -636,3 +636,21 @@ def test_a_failed_admission_undoes_the_step_in_every_layer(model: LlamaForCausal
         assert la.bank.row_history == lb.bank.row_history
     assert pop_pending_gate(0) is None and pop_pending_gate(1) is None
     assert float((_step(model, cache, tok) - _step(model, twin, tok)).abs().max()) <= 1e-6
+
+
+def test_cache_gate_matches_the_attention_functions_own_gate_on_a_padded_batch(model: LlamaForCausalLM) -> None:
+    """Cross-check against an independent solver: with the padding declared, the cache's exact gate gives
+    the logits the "sv_attention" function computes with its own (batched) gate over a DynamicCache."""
+    from transformers import DynamicCache
+
+    torch.manual_seed(21)
+    ids = torch.randint(1, 64, (2, 3 * CHUNK + 5))
+    mask = torch.ones_like(ids)
+    mask[1, :CHUNK] = 0
+    cache = CertifiedCache(model.config)
+    cache.set_padding(mask)
+    with torch.no_grad():
+        got = model(ids, attention_mask=mask, cache=cache, use_cache=True).logits
+        ref = model(ids, attention_mask=mask, cache=DynamicCache(config=model.config), use_cache=True).logits
+    assert float((got[0] - ref[0]).abs().max()) <= 1e-4
+    assert float((got[1, CHUNK:] - ref[1, CHUNK:]).abs().max()) <= 1e-4  # the real tokens of the padded row
