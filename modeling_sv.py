@@ -38,6 +38,7 @@ SV gate state). ``generate`` builds one automatically. Both ``cache=`` (transfor
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -266,6 +267,9 @@ def smprime_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     """
     from sv_attention.errors import InvalidInputError as _Invalid
 
+    if dropout > 0.0 and module.training:
+        warnings.warn("smprime applies no attention-weight dropout (its weights are never materialised); "
+                      "the residual dropout of the backbone still applies", UserWarning, stacklevel=2)
     if hidden_states is None:
         raise UnsupportedFeatureError("smprime needs the layer's hidden_states (call it through SVAttention)")
     sm = module.smprime
@@ -377,7 +381,7 @@ def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
     C, _ = sv_box(knobs)
     common = dict(C=C, sigma=knobs["sigma"], chunk=knobs["chunk"], scaling=scaling, causal=True,
                   solver=knobs["solver"], gate_floor=knobs["gate_floor"], detach_gate=knobs["detach_gate"],
-                  return_weights=output_attentions)
+                  return_weights=output_attentions or (dropout > 0.0 and module.training))
     b, h, q_len, d = query.shape
     kv_len = key.shape[-2]
     dtype = query.dtype
@@ -391,14 +395,14 @@ def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
             if gate is None:
                 gate = operator_state["gate"] = GateCache()
         out, weights = sv_hybrid_attention(query, key, value, mask=mask, gate_cache=gate, **common)
-        return out.to(dtype).transpose(1, 2).contiguous(), None if weights is None else weights.to(dtype)
+        return _sv_finish(out, weights, value, dropout, module.training, output_attentions, dtype)
     caches = None
     if operator_state is not None:
         caches = operator_state.get("gate_by_pad")
         if caches is None:
             caches = operator_state["gate_by_pad"] = PaddedGateCaches()
     out = query.new_zeros(b, h, q_len, value.shape[-1])
-    weights = query.new_zeros(b, h, q_len, kv_len) if output_attentions else None
+    weights = query.new_zeros(b, h, q_len, kv_len) if common["return_weights"] else None
     for pad in sorted(set(pads)):
         rows = torch.tensor([i for i, p in enumerate(pads) if p == pad], device=query.device)
         q0 = max(0, pad - (kv_len - q_len))  # queries before q0 sit on pad slots
@@ -412,7 +416,18 @@ def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
         out = out.index_copy(0, rows, F.pad(o, (0, 0, q0, 0)))
         if weights is not None and w is not None:
             weights = weights.index_copy(0, rows, F.pad(w.to(weights.dtype), (pad, 0, q0, 0)))
-    return out.to(dtype).transpose(1, 2).contiguous(), None if weights is None else weights.to(dtype)
+    return _sv_finish(out, weights, value, dropout, module.training, output_attentions, dtype)
+
+
+def _sv_finish(out: torch.Tensor, weights: torch.Tensor | None, value: torch.Tensor, dropout: float,
+               training: bool, output_attentions: bool, dtype: torch.dtype,
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``out [b, h, q, d]`` -> ``[b, q, h, d]`` in ``dtype``; in training with ``dropout > 0`` the output is
+    recomputed from dropped-out weights ``[b, h, q, kv]`` (attention dropout, as the other operators apply)."""
+    if dropout > 0.0 and training and weights is not None:
+        out = torch.matmul(F.dropout(weights, p=dropout, training=True), value.to(weights.dtype))
+    kept = weights.to(dtype) if (output_attentions and weights is not None) else None
+    return out.to(dtype).transpose(1, 2).contiguous(), kept
 
 
 OPERATOR_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {

@@ -404,3 +404,21 @@ def test_sv_runs_in_bfloat16_close_to_float32():
         got = m.to(torch.bfloat16)(x, use_cache=False).logits
     assert got.dtype == torch.bfloat16
     assert float((got.float() - ref).abs().max()) <= 0.05 * float(ref.abs().max())
+
+
+def test_sv_applies_attention_dropout_in_training():
+    m = tiny("sv", SV_KNOBS, seed=15)
+    attn = m.model.layers[0].attn
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 13, 16) for _ in range(3))
+    mask = torch.ones(13, 13, dtype=torch.bool).tril()[None, None]
+    _, w = sv_operator_attention(attn, q, k, v, mask, scaling=0.25, output_attentions=True)
+    attn.train()
+    torch.manual_seed(6)
+    out, none = sv_operator_attention(attn, q, k, v, mask, scaling=0.25, dropout=0.5)
+    torch.manual_seed(6)
+    ref = torch.nn.functional.dropout(w, 0.5, training=True) @ v
+    assert none is None
+    torch.testing.assert_close(out.transpose(1, 2), ref, rtol=1e-5, atol=1e-6)
+    no_drop, _ = sv_operator_attention(attn, q, k, v, mask, scaling=0.25)
+    torch.testing.assert_close(no_drop.transpose(1, 2), w @ v, rtol=1e-5, atol=1e-6)
