@@ -39,15 +39,27 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+#: what a Hub download adds next to the artifact's own files (git metadata, the Hub's LFS rules, the
+#: ``hf download --local-dir`` cache); never executed, so neither hashed nor reported as unlisted
+IGNORED_TOP_LEVEL = (".git", ".gitattributes", ".cache")
+
+
+def is_ignored(rel: str) -> bool:
+    """True for a relative path that :func:`hash_files` leaves out (``__pycache__`` and :data:`IGNORED_TOP_LEVEL`)."""
+    parts = rel.split("/")
+    return parts[0] in IGNORED_TOP_LEVEL or "__pycache__" in parts
+
+
 def hash_files(root: str | Path) -> dict[str, dict[str, Any]]:
-    """``{relative posix path: {"sha256", "size"}}`` for every regular file under ``root`` except the manifest."""
+    """``{relative posix path: {"sha256", "size"}}`` for every regular file under ``root`` except the manifest
+    and what :func:`is_ignored` leaves out."""
     root = Path(root)
     out: dict[str, dict[str, Any]] = {}
     for p in sorted(root.rglob("*")):
         if not p.is_file() or p.name == MANIFEST_NAME and p.parent == root:
             continue
         rel = p.relative_to(root).as_posix()
-        if "__pycache__" in rel.split("/"):
+        if is_ignored(rel):
             continue
         out[rel] = {"sha256": sha256_file(p), "size": p.stat().st_size}
     return out

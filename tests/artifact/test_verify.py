@@ -154,3 +154,16 @@ def test_stored_elements_must_equal_the_parameter_total(exported):
     assert report.checks["parameters"]["stored_tensor_elements"] == total + 1
     assert report.problems == [f"parameter count mismatch: the weights file stores {total + 1:,} elements, the "
                                f"loaded model has {total:,} unique parameters"]
+
+
+def test_hub_download_metadata_is_ignored(artifact_copy):
+    # a git clone / `hf download --local-dir` of the Hub repo adds these; they are never executed
+    (artifact_copy / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+    (artifact_copy / ".git").mkdir()
+    (artifact_copy / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (artifact_copy / ".cache" / "huggingface" / "download").mkdir(parents=True)
+    (artifact_copy / ".cache" / "huggingface" / "download" / "config.json.metadata").write_text("x\n")
+    (artifact_copy / "sub").mkdir()
+    (artifact_copy / "sub" / "helper.py").write_text("print('not listed')\n")
+    report = verify_artifact(artifact_copy, load=False)
+    assert report.problems == ["unlisted file: sub/helper.py (not in MANIFEST.json; remove it or re-export)"]
