@@ -169,7 +169,7 @@ def _validate(gram: torch.Tensor, mask: torch.Tensor) -> None:
 
 
 def solve_batched(gram: torch.Tensor, mask: torch.Tensor, C: float | torch.Tensor, *, backend: str = "auto",
-                  fista_iters: int = 40, projection_steps: int = 4, power_iters: int = 20, polish_steps: int = 64,
+                  fista_iters: int = 80, projection_steps: int = 4, power_iters: int = 20, polish_steps: int = 64,
                   ridge: float = 1e-3, eps_rel: float = 1e-4, tol: float | None = None,
                   polish: str = "hybrid", check_inputs: bool = True,
                   finder_matvec_dtype: torch.dtype | None = torch.float16) -> BatchedSolution:
@@ -187,7 +187,7 @@ def solve_batched(gram: torch.Tensor, mask: torch.Tensor, C: float | torch.Tenso
     backend : {"auto", "torch", "mlx"}, default "auto"
         Where the (non-differentiable) FISTA finder runs; see :func:`select_backend` for what "auto"
         picks and why. Polish and the differentiable solve always run in torch.
-    fista_iters : int, default 40
+    fista_iters : int, default 80
         FISTA iterations of the finder.
     projection_steps : int, default 4
         Safeguarded Newton / bisection steps of each capped-simplex projection (warm-started from the

@@ -87,17 +87,27 @@ def _bordered_system(gram: torch.Tensor, margin: torch.Tensor, error: torch.Tens
     vcf = (torch.arange(m, device=gram.device)[None, :] < ns[:, None]).to(dt)
     rows = gram.gather(1, order[:, :, None].expand(G, m, n))
     Kc = rows.gather(2, order[:, None, :].expand(G, m, m))
-    eye = torch.eye(m, dtype=dt, device=gram.device)
     ridge_t = ridge if isinstance(ridge, torch.Tensor) else torch.as_tensor(ridge, dtype=dt, device=gram.device)
-    if ridge_t.dim() == 1:
-        ridge_t = ridge_t[:, None, None]
-    block = 2.0 * Kc * (vcf[:, :, None] * vcf[:, None, :]) + eye * (1.0 - vcf)[:, None, :] \
-        + eye * (ridge_t * vcf[:, None, :])
     empty = ns == 0
-    corner = empty.to(dt)[:, None, None]  # 1 where S is empty so the system stays non-singular
-    top = torch.cat([corner, vcf[:, None, :]], dim=2)
-    rest = torch.cat([vcf[:, :, None], block], dim=2)
-    A = torch.cat([top, rest], dim=1)
+    if torch.is_grad_enabled() and (gram.requires_grad or C.requires_grad or ridge_t.requires_grad):
+        eye = torch.eye(m, dtype=dt, device=gram.device)
+        r3 = ridge_t[:, None, None] if ridge_t.dim() == 1 else ridge_t
+        block = 2.0 * Kc * (vcf[:, :, None] * vcf[:, None, :]) + eye * (1.0 - vcf)[:, None, :] \
+            + eye * (r3 * vcf[:, None, :])
+        corner = empty.to(dt)[:, None, None]  # 1 where S is empty so the system stays non-singular
+        top = torch.cat([corner, vcf[:, None, :]], dim=2)
+        rest = torch.cat([vcf[:, :, None], block], dim=2)
+        A = torch.cat([top, rest], dim=1)
+    else:
+        # Same matrix with fewer passes over [G, m, m] (no autograd needed: polish steps).
+        A = gram.new_zeros(G, m + 1, m + 1)
+        blk = A[:, 1:, 1:]
+        blk.copy_(Kc).mul_(2.0 * (vcf[:, :, None] * vcf[:, None, :]))
+        r2 = ridge_t[:, None] if ridge_t.dim() == 1 else ridge_t
+        blk.diagonal(dim1=-2, dim2=-1).add_((1.0 - vcf) + r2 * vcf)
+        A[:, 0, 1:] = vcf
+        A[:, 1:, 0] = vcf
+        A[:, 0, 0] = empty.to(dt)
     ef = error.to(dt)
     diag = torch.diagonal(gram, dim1=-2, dim2=-1)
     kef = (gram @ ef[..., None])[..., 0]

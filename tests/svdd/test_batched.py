@@ -210,3 +210,19 @@ def test_backend_selection_and_bad_input():
     if not mlx_available():
         with pytest.raises(BackendUnavailableError):
             solve_batched(K, m, 0.5, backend="mlx")
+
+
+def test_bordered_system_fast_and_autograd_builders_agree():
+    from sv_attention.svdd.polish import _bordered_system
+
+    _, K = _problems("clustered", 5, 20, 3, seed=10)
+    g = torch.Generator().manual_seed(11)
+    margin = torch.rand(5, 20, generator=g) < 0.3
+    error = ~margin & (torch.rand(5, 20, generator=g) < 0.3)
+    margin[4] = False  # an empty margin set
+    C = torch.full((5,), 0.1, dtype=torch.float64)
+    with torch.no_grad():
+        fast = _bordered_system(K, margin, error, C, 1e-3)
+    slow = _bordered_system(K.clone().requires_grad_(True), margin, error, C, 1e-3)
+    for a, b in zip(fast, slow):
+        assert torch.equal(a, b.detach())
