@@ -28,6 +28,7 @@ Operators and their knobs (defaults in brackets):
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -272,6 +273,13 @@ class SVConfig(PretrainedConfig):
             check_version_compatible(str(sv_attention_version), installed)
         self.sv_attention_version = installed if sv_attention_version is None else str(sv_attention_version)
         self.operator_config = validate_operator_config(operator, operator_config)
+        if operator == "sv" and self.operator_config["chunk"] >= max_position_embeddings:
+            warnings.warn(
+                f"operator 'sv' with chunk={self.operator_config['chunk']} >= max_position_embeddings="
+                f"{max_position_embeddings}: every position lies in chunk 0, so the layer is plain causal softmax "
+                "and never gates; choose a chunk below the block size",
+                UserWarning, stacklevel=2,
+            )
         self.operator = operator
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size

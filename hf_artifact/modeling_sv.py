@@ -38,6 +38,7 @@ SV gate state). ``generate`` builds one automatically. Both ``cache=`` (transfor
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -266,6 +267,9 @@ def smprime_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     """
     from sv_attention.errors import InvalidInputError as _Invalid
 
+    if dropout > 0.0 and module.training:
+        warnings.warn("smprime applies no attention-weight dropout (its weights are never materialised); "
+                      "the residual dropout of the backbone still applies", UserWarning, stacklevel=2)
     if hidden_states is None:
         raise UnsupportedFeatureError("smprime needs the layer's hidden_states (call it through SVAttention)")
     sm = module.smprime
@@ -331,7 +335,7 @@ def leading_pad(mask: torch.Tensor | None, batch: int, kv_len: int) -> list[int]
     ----------
     mask : bool ``[b|1, 1|h, q, kv]`` (True = attend) or None
     """
-    if mask is None or mask.shape[0] != batch or mask.shape[0] == 1:
+    if mask is None or mask.shape[0] != batch:
         return None
     visible = mask.any(-2).any(1)  # [b, kv]
     first = torch.where(visible.any(-1), visible.to(torch.int8).argmax(-1), torch.full_like(visible[:, 0],
@@ -360,7 +364,8 @@ def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
 
     ``detach_gate=True`` (default, as published): gradients reach q, k, v through the softmax logits and
     values, not through alpha; False differentiates through the ridged bordered solve. The batched
-    solver's coefficients carry no deletion certificate; only the exact solver's do.
+    solver's coefficients carry no deletion certificate; only the exact solver's do. Half-precision
+    inputs (float16 / bfloat16) are computed in float32 and the output cast back.
 
     Parameters
     ----------
@@ -376,9 +381,12 @@ def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
     C, _ = sv_box(knobs)
     common = dict(C=C, sigma=knobs["sigma"], chunk=knobs["chunk"], scaling=scaling, causal=True,
                   solver=knobs["solver"], gate_floor=knobs["gate_floor"], detach_gate=knobs["detach_gate"],
-                  return_weights=output_attentions)
+                  return_weights=output_attentions or (dropout > 0.0 and module.training))
     b, h, q_len, d = query.shape
     kv_len = key.shape[-2]
+    dtype = query.dtype
+    if dtype in (torch.float16, torch.bfloat16):  # the gate's linear solves need float32 (CPU LU has no bf16)
+        query, key, value = query.float(), key.float(), value.float()
     pads = leading_pad(mask, b, kv_len)
     if pads is None:
         gate = None
@@ -387,14 +395,14 @@ def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
             if gate is None:
                 gate = operator_state["gate"] = GateCache()
         out, weights = sv_hybrid_attention(query, key, value, mask=mask, gate_cache=gate, **common)
-        return out.transpose(1, 2).contiguous(), weights
+        return _sv_finish(out, weights, value, dropout, module.training, output_attentions, dtype)
     caches = None
     if operator_state is not None:
         caches = operator_state.get("gate_by_pad")
         if caches is None:
             caches = operator_state["gate_by_pad"] = PaddedGateCaches()
     out = query.new_zeros(b, h, q_len, value.shape[-1])
-    weights = query.new_zeros(b, h, q_len, kv_len) if output_attentions else None
+    weights = query.new_zeros(b, h, q_len, kv_len) if common["return_weights"] else None
     for pad in sorted(set(pads)):
         rows = torch.tensor([i for i, p in enumerate(pads) if p == pad], device=query.device)
         q0 = max(0, pad - (kv_len - q_len))  # queries before q0 sit on pad slots
@@ -408,7 +416,18 @@ def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
         out = out.index_copy(0, rows, F.pad(o, (0, 0, q0, 0)))
         if weights is not None and w is not None:
             weights = weights.index_copy(0, rows, F.pad(w.to(weights.dtype), (pad, 0, q0, 0)))
-    return out.transpose(1, 2).contiguous(), weights
+    return _sv_finish(out, weights, value, dropout, module.training, output_attentions, dtype)
+
+
+def _sv_finish(out: torch.Tensor, weights: torch.Tensor | None, value: torch.Tensor, dropout: float,
+               training: bool, output_attentions: bool, dtype: torch.dtype,
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``out [b, h, q, d]`` -> ``[b, q, h, d]`` in ``dtype``; in training with ``dropout > 0`` the output is
+    recomputed from dropped-out weights ``[b, h, q, kv]`` (attention dropout, as the other operators apply)."""
+    if dropout > 0.0 and training and weights is not None:
+        out = torch.matmul(F.dropout(weights, p=dropout, training=True), value.to(weights.dtype))
+    kept = weights.to(dtype) if (output_attentions and weights is not None) else None
+    return out.to(dtype).transpose(1, 2).contiguous(), kept
 
 
 OPERATOR_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
@@ -579,6 +598,29 @@ class SVPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _can_compile_fullgraph = False
 
+    def set_attn_implementation(self, attn_implementation: str | dict, *args: Any, **kwargs: Any) -> None:
+        """transformers' ``set_attn_implementation``, refusing the stock kernels with a typed error.
+
+        ``"eager"`` runs ``config.operator`` (``softmax`` already calls torch SDPA inside); a name registered
+        with ``AttentionInterface.register`` (e.g. the plug-in's ``"sv_attention"`` / ``"ceq"``) swaps that
+        function in. ``"sdpa"`` / flash / flex would silently drop the operator, so they are refused.
+
+        Raises
+        ------
+        UnsupportedFeatureError
+            For ``sdpa``, ``flash_attention_*``, ``flex_attention`` and ``paged|`` names.
+        """
+        names = attn_implementation.values() if isinstance(attn_implementation, dict) else [attn_implementation]
+        for name in names:
+            if isinstance(name, str) and any(k in name for k in ("sdpa", "flash", "flex", "paged|")):
+                raise UnsupportedFeatureError(
+                    f"sv_lm models run their own attention operator ({self.config.operator!r}); {name!r} would "
+                    "replace it with a stock kernel. Use 'eager' for the configured operator (softmax already "
+                    "uses torch SDPA inside) or a function registered with AttentionInterface.register "
+                    "(e.g. 'sv_attention', 'ceq' after `import sv_attention`)"
+                )
+        super().set_attn_implementation(attn_implementation, *args, **kwargs)
+
     def _init_weights(self, module: nn.Module) -> None:
         head_bias = getattr(module, "_sv_head_bias", None)
         if head_bias is not None and isinstance(module, nn.Linear):  # smprime gate heads
@@ -656,7 +698,8 @@ class SVModel(SVPreTrainedModel):
         ----------
         input_ids : ``[b, t]`` byte ids, or ``inputs_embeds`` ``[b, t, hidden]``
         attention_mask : ``[b, past + t]`` padding mask (1 = real token), a 4-D bool / additive mask, or None
-        position_ids : ``[b|1, t]``; default ``past + arange(t)``; must stay below ``max_position_embeddings``
+        position_ids : ``[b|1, t]``; default ``past + arange(t)``, or counted over the real tokens of a 2-D
+            padding mask (see :func:`default_position_ids`); must stay below ``max_position_embeddings``
         cache / past_key_values : a transformers ``Cache`` (both spellings accepted)
         """
         cache = cache if cache is not None else past_key_values
@@ -674,8 +717,9 @@ class SVModel(SVPreTrainedModel):
                 )
             inputs_embeds = self.embed_tokens(input_ids)
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if self.gradient_checkpointing and self.training:
-            use_cache = False
+        if self.training and (self.gradient_checkpointing
+                              or any(getattr(layer, "gradient_checkpointing", False) for layer in self.layers)):
+            use_cache = False  # (transformers >= 5 flags the layers, not the model)
         if use_cache and cache is None:
             cache = SVLMCache(config=self.config)
         if not use_cache:
@@ -684,8 +728,12 @@ class SVModel(SVPreTrainedModel):
         b, t = inputs_embeds.shape[:2]
         device = inputs_embeds.device
         past = cache.get_seq_length() if cache is not None else 0
+        kv_len = past + t
+        query_slots = torch.arange(past, kv_len, device=device)
+        key_slots = torch.arange(kv_len, device=device)
+        mask = build_mask(attention_mask, query_slots, key_slots, b)
         if position_ids is None:
-            position_ids = (past + torch.arange(t, device=device))[None, :]
+            position_ids = default_position_ids(attention_mask, past, t, device)
         if position_ids.numel() and int(position_ids.max()) >= self.config.max_position_embeddings:
             raise InvalidInputError(
                 f"position {int(position_ids.max())} is beyond the block size "
@@ -693,11 +741,6 @@ class SVModel(SVPreTrainedModel):
                 f"(or the generation length) so that prompt + new tokens <= {self.config.max_position_embeddings}"
             )
         hidden = self.drop(inputs_embeds + self.embed_positions(position_ids))
-
-        kv_len = past + t
-        query_slots = torch.arange(past, kv_len, device=device)
-        key_slots = torch.arange(kv_len, device=device)
-        mask = build_mask(attention_mask, query_slots, key_slots, b)
 
         all_hidden: tuple[torch.Tensor, ...] | None = () if output_hidden_states else None
         all_attn: tuple[torch.Tensor, ...] | None = () if output_attentions else None
@@ -714,6 +757,20 @@ class SVModel(SVPreTrainedModel):
         out = BaseModelOutputWithPast(last_hidden_state=hidden, hidden_states=all_hidden, attentions=all_attn,
                                       **{CACHE_FIELD: cache})
         return out.to_tuple() if return_dict is False else out
+
+
+def default_position_ids(attention_mask: torch.Tensor | None, past: int, t: int,
+                         device: torch.device) -> torch.Tensor:
+    """Positions ``[b|1, t]`` of the new tokens when the caller gives none.
+
+    With a 2-D padding mask ``[b, past + t]`` that hides some tokens, a row's positions count its real
+    tokens (``cumsum(mask) - 1``, pads at 0), so a left-padded row gets the positions of the same text
+    without padding; otherwise ``past + arange(t)``.
+    """
+    if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.to(torch.bool).all()):
+        real = attention_mask.to(device=device, dtype=torch.long).ne(0).long()
+        return (real.cumsum(-1) - 1).clamp(min=0)[:, -t:]
+    return (past + torch.arange(t, device=device))[None, :]
 
 
 def build_mask(attention_mask: torch.Tensor | None, query_slots: torch.Tensor, key_slots: torch.Tensor,
