@@ -251,7 +251,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, acceler
     unwrapped = acc.unwrap_model(model)
     params = _param_counts(unwrapped)
 
-    history = _read_log(log_path, start_step) if acc.is_main_process else []
+    # a fresh run starts a fresh log; a resumed one keeps the events up to its checkpoint
+    history = _read_log(log_path, start_step) if (acc.is_main_process and ckpt is not None) else []
     if acc.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         log_path.write_text("".join(json.dumps(e) + "\n" for e in history))

@@ -72,6 +72,9 @@ def test_training_learns_logs_and_checkpoints(tmp_path):
     assert evals[1]["val_bpb"] < evals[0]["val_bpb"] < 8.0  # uniform over bytes is 8 bits
     lines = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert lines == res.history
+    again = train(cfg, progress=False)  # a fresh run into the same folder starts a fresh log
+    assert [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()] == again.history
+    assert sum(e["event"] == "start" for e in again.history) == 1 and again.val_bpb == res.val_bpb
     train_ev = [e for e in lines if e["event"] == "train"]
     assert [e["step"] for e in train_ev] == list(range(1, 13))
     assert all(e["grad_norm"] > 0 and e["tokens_per_s"] > 0 for e in train_ev)
