@@ -39,6 +39,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opti
                     scheduler: Any, record: dict[str, Any], keep: int = 2) -> Path:
     """Write a checkpoint for ``step`` and mark it as the newest; keep the ``keep`` newest ones.
 
+    Checkpoints of later steps (left by an earlier run in the same folder) are removed.
+
     ``model`` must be the unwrapped model (``accelerator.unwrap_model``). Call on the main process only.
     """
     root = checkpoints_dir(run_dir)
@@ -58,7 +60,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opti
     (root / "LAST").write_text(out.name + "\n")
     existing = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_")
                       and not p.name.endswith(".partial"))
-    for old in existing[:-keep]:
+    # later steps than this one belong to an earlier run written into the same folder: stale
+    stale = [p for p in existing if p.name > out.name]
+    kept = [p for p in existing if p.name <= out.name]
+    for old in stale + kept[:-keep]:
         shutil.rmtree(old)
     return out
 
