@@ -69,3 +69,20 @@ def test_split_errors():
         split_contiguous(c, 0.0)
     with pytest.raises(InvalidInputError, match="too small"):
         split_contiguous(c, 0.1, min_val_bytes=20)
+
+
+def test_hub_rows_are_streamed_until_max_bytes(monkeypatch):
+    import datasets
+
+    seen = {}
+
+    def fake_load(name, config=None, split=None, streaming=False):
+        seen.update(name=name, config=config, split=split, streaming=streaming)
+        return iter([{"text": "first doc"}, {"text": ""}, {"text": "second doc"}, {"text": "never read"}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    c = load_corpus("org/stories", dataset_config="en", dataset_split="validation", max_bytes=15)
+    assert seen == {"name": "org/stories", "config": "en", "split": "validation", "streaming": True}
+    assert c.data.tobytes() == b"first doc\n\nseco" and c.source["kind"] == "hub" and c.source["n_docs"] == 2
+    with pytest.raises(InvalidInputError, match="--text-column"):
+        load_corpus("org/stories", text_column="body")
