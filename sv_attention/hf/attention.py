@@ -330,6 +330,11 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
 
     _refuse_unsupported(CEQ_NAME, kwargs)
     settings: CeqSettings = settings_from_config(getattr(module, "config", None), CEQ_NAME)  # type: ignore[assignment]
+    if settings.alpha == 0 and settings.form == "hybrid" and not kwargs.get("output_attentions"):
+        # fast path: exactly the model's sdpa call (same function, same arguments), bitwise and as fast
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                        scaling=scaling, **kwargs)
+        return out, None
     check_gqa(query, key, value)
     p = settings.resolved()
     causal = _is_causal(module, kwargs)

@@ -211,6 +211,12 @@ class CeqSettings(_Settings):
 SETTINGS_CLASSES: dict[str, type[_Settings]] = {SV_NAME: SVSettings, CEQ_NAME: CeqSettings}
 
 
+_DEFAULTS: dict[str, _Settings] = {n: c() for n, c in SETTINGS_CLASSES.items()}
+# (name, id(dict)) -> (copy of the dict, validated settings): attention functions look their settings up on
+# every layer call; re-validating only when the dict's contents change keeps that lookup ~1 us.
+_PARSED: dict[tuple[str, int], tuple[dict[str, Any], _Settings]] = {}
+
+
 def settings_from_config(config: Any, name: str) -> _Settings:
     """The validated settings of implementation ``name`` stored in ``config`` (defaults when absent).
 
@@ -218,7 +224,21 @@ def settings_from_config(config: Any, name: str) -> _Settings:
     ----------
     config : a transformers ``PretrainedConfig`` (or None)
     name : ``"sv_attention"`` or ``"ceq"``
+
+    Raises
+    ------
+    ConfigError, InvalidHyperparameterError
+        The stored dict holds an unknown key or an invalid value (checked again whenever it changes).
     """
-    cls = SETTINGS_CLASSES[name]
     values = getattr(config, name, None) if config is not None else None
-    return cls.from_dict(values)
+    if values is None:
+        return _DEFAULTS[name]
+    key = (name, id(values))
+    hit = _PARSED.get(key)
+    if hit is not None and hit[0] == values:
+        return hit[1]
+    parsed = SETTINGS_CLASSES[name].from_dict(values)
+    if len(_PARSED) > 256:
+        _PARSED.clear()
+    _PARSED[key] = (dict(values), parsed)
+    return parsed
