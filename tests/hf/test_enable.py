@@ -87,3 +87,12 @@ def test_config_edited_by_hand_is_validated_at_call_time():
     m.config.sv_attention = {"nu": 0.3, "bogus": 1}
     with pytest.raises(ConfigError, match="bogus"):
         logits(m)
+
+
+def test_in_place_edit_of_the_stored_dict_is_revalidated():
+    m = llama()
+    sv_attention.enable(m, "ceq", alpha=0.0)
+    logits(m)  # parsed and cached
+    m.config.ceq["alpha"] = -1.0
+    with pytest.raises(InvalidHyperparameterError, match="alpha"):
+        logits(m)
