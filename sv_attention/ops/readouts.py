@@ -85,7 +85,34 @@ def softmax_hybrid_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ga
     """
     _check(q, k, v)
     s = q.shape[-1] ** -0.5 if scaling is None else scaling
+    if not return_weights and (gate is None or not (torch.is_grad_enabled() and gate.requires_grad)):
+        fast = _sdpa_readout(q, k, v, gate, mask, s)
+        if fast is not None:
+            return fast, None
     return gated_readout_from_logits((q @ k.transpose(-1, -2)) * s, v, gate, mask, return_weights)
+
+
+def _sdpa_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None,
+                  mask: torch.Tensor | None, scale: float) -> torch.Tensor | None:
+    """Fused path for a gate without gradient: ``softmax(s q k^T + log W)`` with torch SDPA.
+
+    Multiplying the softmax weights by ``W`` and renormalising is the softmax of the logits plus
+    ``log W`` (``-inf`` where ``W = 0`` or the mask blocks), so the fused kernel computes the same
+    readout (and its gradient w.r.t. q, k, v) without materialising the weights for the backward.
+    Returns None (caller uses the explicit path) when some query row has no live key.
+    """
+    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    live = torch.ones(shape, dtype=torch.bool, device=q.device) if mask is None else mask.expand(shape)
+    if gate is not None:
+        live = live & (gate > 0).expand(shape)
+    if not bool(live.any(-1).all()):
+        return None
+    if gate is None:
+        bias = torch.zeros(shape, dtype=q.dtype, device=q.device)
+    else:
+        bias = torch.log(gate.detach().to(q.dtype).expand(shape).clamp_min(torch.finfo(q.dtype).tiny))
+    bias = bias.masked_fill(~live, float("-inf"))
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
 def rbf_logits(q: torch.Tensor, k: torch.Tensor, sigma: float | torch.Tensor) -> torch.Tensor:

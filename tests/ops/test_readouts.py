@@ -77,3 +77,22 @@ def test_readout_shape_errors():
         softmax_hybrid_readout(q[0], k, v, gate)
     with pytest.raises(InvalidInputError):
         softmax_hybrid_readout(q, k[..., :3], v, gate)
+
+
+def test_fused_path_for_detached_gate_matches_reference_outputs_and_grads():
+    q, k, v, gate, mask = _inputs(seed=4)
+    args = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, w = softmax_hybrid_readout(*args, gate, mask=mask, scaling=0.7)  # gate without grad: fused SDPA
+    assert w is None
+    ref_args = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    ref = readout_reference(*ref_args, gate, mask=mask, kind="softmax", scaling=0.7)
+    assert torch.allclose(out, ref, rtol=1e-10, atol=1e-12)
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    for a, r in zip(args, ref_args):
+        assert torch.allclose(a.grad, r.grad, rtol=1e-8, atol=1e-10)
+    # a row with no live key falls back to the explicit path and returns 0
+    m2 = mask.clone()
+    m2[0, 0, 2] = False
+    o2, _ = softmax_hybrid_readout(q, k, v, gate, mask=m2)
+    assert torch.equal(o2[0, :, 2], torch.zeros_like(o2[0, :, 2])) and torch.isfinite(o2).all()
