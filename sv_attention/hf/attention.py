@@ -83,7 +83,8 @@ def visible_mask(mask: torch.Tensor | None, b: int, q_len: int, kv_len: int, cau
 
     ``mask`` is anything :func:`sv_attention.ops.masking.to_bool_mask` accepts; its head dimension must
     be 1 (transformers' masks are shared by the heads). ``None`` follows sdpa: all keys when not causal
-    or ``q_len == 1``, else ``j <= i``.
+    or ``q_len == 1``, else ``j <= i``. A 2-D padding mask on a causal layer gets causality added (queries
+    are the last ``q_len`` positions).
     """
     bm = to_bool_mask(mask, q_len, kv_len)
     if bm is None:
@@ -91,6 +92,9 @@ def visible_mask(mask: torch.Tensor | None, b: int, q_len: int, kv_len: int, cau
             return torch.ones(b, q_len, kv_len, dtype=torch.bool, device=device)
         tri = torch.arange(kv_len, device=device)[None, :] <= torch.arange(q_len, device=device)[:, None]
         return tri[None].expand(b, q_len, kv_len)
+    if mask.dim() == 2 and causal:  # a 2-D padding mask carries no causality: queries are the last positions
+        tri = torch.arange(kv_len, device=device)[None, :] <= torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+        bm = bm.to(device) & tri[None, None]
     if bm.shape[1] != 1:
         if not bool((bm == bm[:, :1]).all()):
             raise MaskError(f"per-head attention masks {tuple(bm.shape)} are not supported; pass one mask shared "
