@@ -596,13 +596,13 @@ class CausalSVAttention(nn.Module):
 
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         mask = to_bool_mask(attention_mask, s, s) if attention_mask is not None else None
-        cache = gate_cache if gate_cache is not None else (GateCache() if self.solver == "exact" else None)
+        # A fresh per-call cache when none is given: it records the solve status counts of this call.
+        cache = gate_cache if gate_cache is not None else GateCache()
         gates_counts: dict[str, int] = {}
         out, _ = sv_hybrid_attention(q, k, v, C=self.C, sigma=self.sigma, chunk=self.chunk, mask=mask,
                                      solver=self.solver, readout=self.readout, gate_floor=self.gate_floor,
                                      detach_gate=self.detach_gate, gate_cache=cache,
                                      solve_kwargs=self.solve_kwargs)
-        if cache is not None:
-            gates_counts = dict(cache.status_counts)
+        gates_counts = dict(cache.status_counts)
         self.last_status_counts = gates_counts
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.d_model))

@@ -144,6 +144,8 @@ def test_module_shapes_padding_and_bad_input():
     pad[0, :3] = 0
     y = m(x, attention_mask=pad)
     assert y.shape == (2, 20, 16) and torch.isfinite(y).all()
+    # status counts of the last call: boundaries 8 and 16, 2 sequences x 4 heads each
+    assert sum(m.last_status_counts.values()) == 2 * 2 * 4
     with pytest.raises(InvalidInputError):
         m(torch.randn(2, 20, 15))
     bad = x.clone()
