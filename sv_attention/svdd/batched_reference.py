@@ -1,8 +1,8 @@
 """Reference SVDD solutions for checking the batched path, and the key generators of its benchmark.
 
-:func:`reference_solution` solves one problem to (near) machine precision in float64: the exact
-project's exact from-scratch solver (``solve_dual``, the Gram form of ``refit``) when importable, otherwise the
-independent interior-point QP solver Clarabel, whose answer is then made exact by reading out its
+:func:`reference_solution` solves one problem to (near) machine precision in float64: with the
+project's exact from-scratch solver (``solve_dual``, the Gram form of ``refit``) when importable, or
+with the independent interior-point QP solver Clarabel, whose answer is then made exact by reading out its
 partition and re-solving the bordered system of that partition with ridge 0 (checked against the KKT
 conditions; the interior-point iterate is kept when the re-solve is not a KKT point).
 """

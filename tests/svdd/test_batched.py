@@ -226,3 +226,14 @@ def test_bordered_system_fast_and_autograd_builders_agree():
     slow = _bordered_system(K.clone().requires_grad_(True), margin, error, C, 1e-3)
     for a, b in zip(fast, slow):
         assert torch.equal(a, b.detach())
+
+
+def test_the_two_references_agree():
+    """The exact solver's refit and the independent Clarabel oracle give the same solution."""
+    _, K = _problems("clustered", 3, 30, 4, seed=12)
+    for i in range(3):
+        a = reference_solution(K[i], 0.1)
+        b = reference_solution(K[i], 0.1, use_exact=False)
+        assert a.method == "refit" and b.method.startswith("clarabel")
+        assert np.array_equal(a.partition, b.partition)
+        assert np.abs(a.alpha - b.alpha).max() < 1e-9 and abs(a.rho - b.rho) < 1e-9
