@@ -1,1 +1,47 @@
-"""sv_attention.ops"""
+"""Attention operators on ``[batch, heads, seq, dim]`` tensors, each with a plain reference beside it.
+
+Names are resolved lazily from their defining modules:
+
+- SV gate: :class:`CausalSVAttention`, :func:`sv_hybrid_attention`, :class:`GateCache`,
+  :func:`compute_boundary_gates` (``causal.py``); readouts (``readouts.py``).
+- ceq: :func:`ceq_matrix`, :func:`ceq_attention`, :func:`truncation_bound` (``ceq.py``),
+  :class:`HopCache`, :func:`ceq_attention_cached` (``hop_cache.py``), :class:`SMPrime` (``smprime.py``),
+  :func:`beta_lrt`, :func:`lrt_report`, :class:`BetaGradientCensus` (``beta_test.py``).
+- Baselines: linear attention and DeltaNet (``baselines.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "CausalSVAttention": "sv_attention.ops.causal",
+    "sv_hybrid_attention": "sv_attention.ops.causal",
+    "GateCache": "sv_attention.ops.causal",
+    "compute_boundary_gates": "sv_attention.ops.causal",
+    "softmax_hybrid_readout": "sv_attention.ops.readouts",
+    "rbf_readout": "sv_attention.ops.readouts",
+    "ceq_matrix": "sv_attention.ops.ceq",
+    "ceq_attention": "sv_attention.ops.ceq",
+    "truncation_bound": "sv_attention.ops.ceq",
+    "HopCache": "sv_attention.ops.hop_cache",
+    "ceq_attention_cached": "sv_attention.ops.hop_cache",
+    "SMPrime": "sv_attention.ops.smprime",
+    "beta_lrt": "sv_attention.ops.beta_test",
+    "lrt_report": "sv_attention.ops.beta_test",
+    "BetaGradientCensus": "sv_attention.ops.beta_test",
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'sv_attention.ops' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))
