@@ -45,7 +45,8 @@ def _count(key: str, n: int = 1) -> None:
 
 
 def gate_stats() -> dict[str, int]:
-    """A copy of the process-wide gate counters (``fits``, ``problems``, ``status:<name>``, ``reused``...)."""
+    """A copy of the process-wide gate counters (``fits``, ``warm_fits``, ``problems``, ``status:<name>``,
+    ``reused``...)."""
     return dict(STATS)
 
 
@@ -111,11 +112,20 @@ def _keys_by_position(key: torch.Tensor, valid: torch.Tensor, kpos: torch.Tensor
     return out * keep[:, None, :, None].to(key.dtype)
 
 
-def _fit(gram: torch.Tensor, mask: torch.Tensor, C: float) -> torch.Tensor:
-    """Fit SVDD gates: RBF Gram ``[G, n, n]``, mask ``[G, n]`` -> alpha ``[G, n]`` (>= 0, 0 where masked)."""
+def _fit(gram: torch.Tensor, mask: torch.Tensor, C: float, init: torch.Tensor | None = None) -> torch.Tensor:
+    """Fit SVDD gates: RBF Gram ``[G, n, n]``, mask ``[G, n]`` -> alpha ``[G, n]`` (>= 0, 0 where masked).
+
+    ``init`` ``[G, n]``: a warm start (the previous boundary's gate padded with zeros); the finder then runs
+    only :data:`WARM_FISTA_ITERS` iterations and the polish makes the partition exact.
+    """
     from sv_attention.svdd.batched import STATUS_NAMES, solve_batched
 
-    sol = solve_batched(gram, mask, C)
+    if init is None:
+        sol = solve_batched(gram, mask, C, check_inputs=False)
+    else:
+        sol = solve_batched(gram, mask, C, check_inputs=False, init_alpha=init, fista_iters=WARM_FISTA_ITERS,
+                            power_iters=WARM_POWER_ITERS)
+        _count("warm_fits")
     _count("fits")
     _count("problems", gram.shape[0])
     for code, name in STATUS_NAMES.items():
@@ -130,26 +140,9 @@ def _fit(gram: torch.Tensor, mask: torch.Tensor, C: float) -> torch.Tensor:
     return torch.where(mask, alpha, torch.zeros_like(alpha))
 
 
-#: Largest ``G * n^2`` (Gram entries) of one batched solve when boundaries are packed together.
-PACK_ELEMENTS = 1 << 24
-
-
-def _packs(todo: list[tuple[int, int, torch.Tensor]], g: int) -> list[list[tuple[int, int, torch.Tensor]]]:
-    """Group (boundary, s, rows) problems, in order of s, so that each group's padded Gram stays small."""
-    packs: list[list[tuple[int, int, torch.Tensor]]] = []
-    cur: list[tuple[int, int, torch.Tensor]] = []
-    count = 0
-    for item in sorted(todo, key=lambda t: t[1]):
-        m = len(item[2]) * g
-        if cur and (count + m) * item[1] ** 2 > PACK_ELEMENTS:
-            packs.append(cur)
-            cur, count = [], 0
-        cur.append(item)
-        count += m
-    if cur:
-        packs.append(cur)
-    return packs
-
+#: FISTA / power iterations of a warm-started gate fit (the polish makes the found partition exact).
+WARM_FISTA_ITERS = 0
+WARM_POWER_ITERS = 0
 
 def _check_state(state: GateState | None, key: torch.Tensor, q_len: int) -> GateState | None:
     """Keep ``state`` only for the columns whose keys are unchanged since the previous call."""
@@ -240,23 +233,36 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
             todo_list.append((i, s, todo.nonzero().flatten()))
         alphas.append(alpha)
         rows_of.append(rows)
-    # fit every missing (boundary, sequence) gate, packing boundaries into few batched solves
-    full = None
+    # fit every missing (boundary, sequence) gate: warm-started from the gate of the previous boundary
+    # (s - chunk) where it is known (fitted just before, or kept in the decoding state), else cold (FISTA);
+    # boundaries are fitted in increasing order so each warm start is ready
     if todo_list:  # one Gram per (sequence, kv-head) on the keys up to the last boundary; blocks are sliced
         n_all = max(s for _, s, _ in todo_list)
         full = rbf_gram(kbp[:, :, :n_all], sigma=sig[:, :, None, None])
-    for pack in _packs(todo_list, g):
-        n_max = max(s for _, s, _ in pack)
-        gr = torch.cat([F.pad(full[ib, :, :s, :s], (0, n_max - s, 0, n_max - s)).reshape(-1, n_max, n_max)
-                        for _, s, ib in pack])
-        ms = torch.cat([(torch.arange(n_max, device=key.device) < s).expand(len(ib) * g, n_max)
-                        for _, s, ib in pack])
-        fitted = _fit(gr, ms, C)
-        o = 0
-        for i, s, ib in pack:
-            m = len(ib) * g
-            alphas[i] = alphas[i].index_copy(0, ib, fitted[o:o + m, :s].reshape(len(ib), g, s))
-            o += m
+        known: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # s -> (alpha [b, g, s], have [b])
+        if state is not None:
+            for s_, a_ in state.gates.items():
+                known[s_] = (a_.to(dt), state.done[s_].clone())
+        pending = {i: ib for i, _, ib in todo_list}
+        for i, s in enumerate(bounds):
+            have_i = rows_of[i].clone()
+            if i in pending:
+                have_i[pending[i]] = False
+            known[s] = (alphas[i], have_i)  # (rows of the state outside rows_of[i] are not in alphas[i])
+        for i, s, ib in sorted(todo_list, key=lambda t: t[1]):
+            prev = known.get(s - chunk)
+            warm_rows = prev[1][ib] if prev is not None else torch.zeros(len(ib), dtype=torch.bool,
+                                                                         device=key.device)
+            for rows_b, warm in ((ib[~warm_rows], False), (ib[warm_rows], True)):
+                if not len(rows_b):
+                    continue
+                init = F.pad(prev[0][rows_b].to(dt), (0, chunk)).reshape(-1, s) if warm else None
+                fitted = _fit(full[rows_b, :, :s, :s].reshape(-1, s, s),
+                              torch.ones(len(rows_b) * g, s, dtype=torch.bool, device=key.device), C, init=init)
+                alphas[i] = alphas[i].index_copy(0, rows_b, fitted.reshape(len(rows_b), g, s))
+            done_s = known[s][1].clone()
+            done_s[ib] = True
+            known[s] = (alphas[i], done_s)
     for i, s in enumerate(bounds):
         table[:, :, i, :s] = alphas[i]
         table[:, :, i, s:] = 1.0

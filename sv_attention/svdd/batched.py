@@ -175,7 +175,8 @@ def solve_batched(gram: torch.Tensor, mask: torch.Tensor, C: float | torch.Tenso
                   fista_iters: int = 80, projection_steps: int = 4, power_iters: int = 20, polish_steps: int = 64,
                   ridge: float = 1e-3, eps_rel: float = 1e-4, tol: float | None = None,
                   polish: str = "hybrid", check_inputs: bool = True,
-                  finder_matvec_dtype: torch.dtype | None = torch.float16) -> BatchedSolution:
+                  finder_matvec_dtype: torch.dtype | None = torch.float16,
+                  init_alpha: torch.Tensor | None = None) -> BatchedSolution:
     """Solve a batch of SVDD problems; differentiable coefficients through a ridged bordered solve.
 
     Parameters
@@ -220,6 +221,10 @@ def solve_batched(gram: torch.Tensor, mask: torch.Tensor, C: float | torch.Tenso
     check_inputs : bool, default True
         Validate shapes and finiteness of ``gram`` (a full pass over it); callers that built ``gram``
         from keys they already checked (the causal layer) pass False.
+    init_alpha : Tensor ``[G, n]`` or None, default None
+        Warm start of the finder (projected onto the feasible set first), e.g. the solution of a shorter
+        prefix padded with zeros for the new keys; then a few ``fista_iters`` (even 0) suffice, as the
+        polish makes the partition exact. A warm start always runs the torch finder.
 
     Returns
     -------
@@ -264,7 +269,14 @@ def solve_batched(gram: torch.Tensor, mask: torch.Tensor, C: float | torch.Tenso
         g0 = gram.detach() * (maskf[:, :, None] * maskf[:, None, :])
         prof = torch.profiler.record_function("sv.finder")
         prof.__enter__()
-        if used == "mlx":
+        if init_alpha is not None:
+            if init_alpha.shape != mask.shape:
+                raise InvalidInputError(f"init_alpha must have the mask's shape {tuple(mask.shape)}, got "
+                                        f"{tuple(init_alpha.shape)}")
+            a = fista_finder(g0, maskf, C_run, iters=fista_iters, projection_steps=projection_steps,
+                             power_iters=power_iters, matvec_dtype=finder_matvec_dtype,
+                             init=init_alpha.detach())
+        elif used == "mlx":
             from sv_attention.svdd.batched_mlx import fista_finder_mlx
 
             a = fista_finder_mlx(g0, maskf, C_run, iters=fista_iters, projection_steps=projection_steps,

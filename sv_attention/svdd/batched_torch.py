@@ -102,7 +102,8 @@ def project_capped_simplex(y: torch.Tensor, maskf: torch.Tensor, C: torch.Tensor
 
 
 def fista_finder(gram: torch.Tensor, maskf: torch.Tensor, C: torch.Tensor, *, iters: int, projection_steps: int,
-                 power_iters: int, restart: bool = True, matvec_dtype: torch.dtype | None = None) -> torch.Tensor:
+                 power_iters: int, restart: bool = True, matvec_dtype: torch.dtype | None = None,
+                 init: torch.Tensor | None = None) -> torch.Tensor:
     """Run FISTA on every problem; returns the last iterate ``alpha [G, n]`` (no autograd).
 
     Parameters
@@ -116,14 +117,23 @@ def fista_finder(gram: torch.Tensor, maskf: torch.Tensor, C: torch.Tensor, *, it
     matvec_dtype : torch.dtype or None  store K in this dtype for the matrix-vector products (e.g.
         ``torch.float16``: half the memory traffic, and on CPU a kernel that does not suffer from thread
         oversubscription); iterates stay in ``gram.dtype``, vectors are scaled into range first
+    init : Tensor ``[G, n]`` or None
+        Warm start (e.g. the solution of a shorter prefix padded with zeros); projected onto the feasible
+        set first. None: the uniform point. With ``iters == 0`` the projected start is returned as is
+        (no power iteration either).
     """
     with torch.no_grad():
+        cnt = maskf.sum(-1, keepdim=True).clamp_min(1.0)
+        if init is None:
+            a = maskf / cnt
+        else:
+            a, _ = project_capped_simplex(init.to(gram.dtype) * maskf, maskf, C, COLD_STEPS)
+        if iters == 0:
+            return a
         gram_mv = gram if matvec_dtype is None or matvec_dtype == gram.dtype else gram.to(matvec_dtype)
         step = 1.0 / tangent_lipschitz(gram, maskf, power_iters, gram_mv)[:, None]
         yscale = C[:, None]
         diag = torch.diagonal(gram, dim1=-2, dim2=-1)
-        cnt = maskf.sum(-1, keepdim=True).clamp_min(1.0)
-        a = maskf / cnt
         y = a
         t = torch.ones(gram.shape[0], 1, dtype=gram.dtype, device=gram.device)
         tau = None

@@ -12,7 +12,7 @@ from sv_attention.errors import InvalidInputError, UnsupportedFeatureError
 from sv_attention.hf.attention import STATE_ATTR, sv_attention_forward
 from sv_attention.hf.gate_handoff import GateHandoff, clear_pending_gates, set_pending_gate
 from sv_attention.hf.settings import SVSettings
-from sv_attention.hf.sv_gate import positions_from_mask
+from sv_attention.hf.sv_gate import gate_stats, positions_from_mask
 from sv_attention.kernels import median_bandwidth, rbf_gram
 from sv_attention.svdd.batched import solve_batched
 
@@ -151,7 +151,10 @@ def test_chunk_frozen_gate_matches_plain_reference():
     q, k, v = qkv(b=1, q=20, kv=20, d=4, seed=3)
     mod = Mod(nu=0.5, chunk=6)
     st = SVSettings(nu=0.5, chunk=6)
+    warm_before = gate_stats().get("warm_fits", 0)
     out, _ = sv_attention_forward(mod, q, k, v, causal(1, 20, 20)[:, None], scaling=0.5)
+    # boundaries 12 and 18 are warm-started from the previous boundary's gate, yet equal cold solves
+    assert gate_stats().get("warm_fits", 0) - warm_before == 2
     ref = reference_gate_output(q, k, v, C=st.box, chunk=6, sc=0.5)
     assert torch.allclose(out.transpose(1, 2), ref, atol=1e-5)
     # chunk 0 is plain causal softmax; later chunks differ from it

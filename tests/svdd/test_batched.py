@@ -237,3 +237,23 @@ def test_the_two_references_agree():
         assert a.method == "refit" and b.method.startswith("clarabel")
         assert np.array_equal(a.partition, b.partition)
         assert np.abs(a.alpha - b.alpha).max() < 1e-9 and abs(a.rho - b.rho) < 1e-9
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "clustered"])
+def test_warm_start_from_shorter_prefix_reaches_the_exact_partition(kind):
+    # the causal gate warm-starts boundary s from boundary s - chunk's solution padded with zeros
+    _, K = _problems(kind, 12, 64, 8, seed=5)
+    C = 1.0 / (0.3 * 32)
+    short = solve_batched(K[:, :40, :40].float(), torch.ones(12, 40, dtype=torch.bool), C, ridge=0.0)
+    init = torch.nn.functional.pad(short.alpha, (0, 24))
+    refs = [reference_solution(K[i], C) for i in range(12)]
+    ref_part = np.stack([r.partition for r in refs])
+    mask = torch.ones(12, 64, dtype=torch.bool)
+    for iters in (0, 5):
+        warm = solve_batched(K.float(), mask, C, ridge=0.0, init_alpha=init, fista_iters=iters, power_iters=iters)
+        part = _partition(warm)
+        assert (part == ref_part).all(1).mean() >= 0.95
+        agree = (part == ref_part).all(1)
+        assert np.abs(warm.alpha.double().numpy() - np.stack([r.alpha for r in refs]))[agree].max() < 1e-4
+    with pytest.raises(InvalidInputError, match="init_alpha"):
+        solve_batched(K.float(), mask, C, init_alpha=init[:, :10])
