@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from sv_attention.errors import HopCacheError, InvalidInputError, MaskError, UnsupportedFeatureError
 from sv_attention.hf.gate_handoff import GateHandoff, pop_pending_gate
@@ -127,6 +128,28 @@ def _grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     return out, w.reshape(b, h, q, kv)
 
 
+def _fused_grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
+                             bias: torch.Tensor | None, scaling: float) -> torch.Tensor:
+    """:func:`_grouped_attention` without weights or dropout through ``scaled_dot_product_attention``.
+
+    One call per query head of each kv-head group, so the per-kv-head bias ``[b, g, q|1, kv]`` is used as
+    the float mask without repeating it per query head. fp32 / fp64 queries only (the bias is cast to the
+    query dtype). Returns ``out [b, h, q, d]``; rows with no visible key are 0.
+    """
+    b, h, q, d = query.shape
+    g = key.shape[1]
+    r = h // g
+    vis = visible[:, None]  # [b, 1, q, kv]
+    if bias is None:
+        mask = vis
+    else:
+        mask = bias.to(query.dtype).masked_fill(~vis, float("-inf"))
+    qg = query.view(b, g, r, q, d)
+    out = torch.stack([F.scaled_dot_product_attention(qg[:, :, i], key, value, attn_mask=mask, scale=scaling)
+                       for i in range(r)], 2).reshape(b, h, q, value.shape[-1])
+    return torch.where(torch.isnan(out), torch.zeros_like(out), out)
+
+
 def _handoff_bias(handoff: GateHandoff, visible: torch.Tensor, causal: bool, b: int, g: int, q_len: int,
                   kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-bias and visibility from a gate deposited by a certified cache."""
@@ -217,7 +240,12 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
                 module.__dict__[STATE_ATTR] = new_state
         else:
             bias = full_gate_bias(gate_keys, visible, C=settings.box, warmup=settings.warmup, sigma=settings.sigma)
-    out, weights = _grouped_attention(query, key, value, visible, bias, sc, float(dropout))
+    if (bias is None or kwargs.get("output_attentions") or float(dropout) > 0.0
+            or query.dtype not in (torch.float32, torch.float64)):
+        # no gate (gate off, warm-up, chunk 0): the eager computation, so it matches eager attention exactly
+        out, weights = _grouped_attention(query, key, value, visible, bias, sc, float(dropout))
+    else:  # a gate: the fused kernel, equal to _grouped_attention to fp32 rounding (tested)
+        out, weights = _fused_grouped_attention(query, key, value, visible, bias, sc), None
     out = out.transpose(1, 2).contiguous()
     return out, (weights if kwargs.get("output_attentions") else None)
 
