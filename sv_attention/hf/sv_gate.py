@@ -112,8 +112,8 @@ def _keys_by_position(key: torch.Tensor, valid: torch.Tensor, kpos: torch.Tensor
     return out * keep[:, None, :, None].to(key.dtype)
 
 
-def _fit(gram: torch.Tensor, mask: torch.Tensor, C: float, init: torch.Tensor | None = None) -> torch.Tensor:
-    """Fit SVDD gates: RBF Gram ``[G, n, n]``, mask ``[G, n]`` -> alpha ``[G, n]`` (>= 0, 0 where masked).
+def _solve(gram: torch.Tensor, mask: torch.Tensor, C: float, init: torch.Tensor | None = None):
+    """``solve_batched`` with the gate's settings, counting statuses in :data:`STATS` (returns the solution).
 
     ``init`` ``[G, n]``: a warm start (the previous boundary's gate padded with zeros); the finder then runs
     only :data:`WARM_FISTA_ITERS` iterations and the polish makes the partition exact.
@@ -136,13 +136,60 @@ def _fit(gram: torch.Tensor, mask: torch.Tensor, C: float, init: torch.Tensor | 
                 warn_once(f"status:{name}", f"sv_attention gate: {k} SVDD problem(s) ended with status "
                           f"'{name}'; their alpha is the best available approximation "
                           "(see sv_attention.hf.sv_gate.gate_stats())")
-    alpha = sol.alpha.clamp_min(0.0)
+    return sol
+
+
+def _fit(gram: torch.Tensor, mask: torch.Tensor, C: float, init: torch.Tensor | None = None) -> torch.Tensor:
+    """Fit SVDD gates: RBF Gram ``[G, n, n]``, mask ``[G, n]`` -> alpha ``[G, n]`` (>= 0, 0 where masked)."""
+    alpha = _solve(gram, mask, C, init).alpha.clamp_min(0.0)
     return torch.where(mask, alpha, torch.zeros_like(alpha))
 
 
+#: Rounds of the working-set fit (solve on a subset, add the keys that violate the KKT conditions).
+WS_ROUNDS = 4
+#: A key outside the working set violates the KKT conditions when ``K_jj - 2 (K alpha)_j > rho + WS_TOL``.
+WS_TOL = 1e-6
+
+
+def _fit_working_set(gram: torch.Tensor, init: torch.Tensor, C: float, new: int) -> torch.Tensor:
+    """Warm fit of full problems ``gram [G, n, n]`` on a working set of keys (all keys valid).
+
+    The working set starts as the support of ``init [G, n]`` (the previous boundary's gate, zero on the
+    ``new`` last keys) plus the ``new`` keys; the problem restricted to it is solved (warm-started), then
+    every key outside it is checked against the KKT condition of a reserve key (``K_jj - 2 (K alpha)_j <=
+    rho``); violators join the set and the solve repeats. The restricted optimum that passes the check is
+    the optimum of the full problem (a convex QP), so this equals a full solve, at the cost of a few small
+    solves plus one ``n x |W|`` product per round. After :data:`WS_ROUNDS` rounds the full problem is
+    solved instead (counted as ``working_set_full``).
+    """
+    G, n, _ = gram.shape
+    dev = gram.device
+    inw = init > 0
+    inw[:, n - new:] = True
+    diag = torch.diagonal(gram, dim1=-2, dim2=-1)
+    for _ in range(WS_ROUNDS):
+        cnt = inw.sum(-1)
+        m = int(cnt.max())
+        order = torch.argsort((~inw).to(torch.int8), dim=-1, stable=True)[:, :m]  # set members, increasing
+        wmask = torch.arange(m, device=dev)[None, :] < cnt[:, None]
+        order = torch.where(wmask, order, torch.zeros_like(order))
+        rows = gram.gather(1, order[:, :, None].expand(G, m, n))  # [G, m, n]
+        sub = rows.gather(2, order[:, None, :].expand(G, m, m))
+        sol = _solve(sub, wmask, C, init=torch.where(wmask, init.gather(1, order), torch.zeros_like(sub[:, 0])))
+        aw = torch.where(wmask, sol.alpha.clamp_min(0.0), torch.zeros_like(sub[:, 0]))
+        h = diag - 2.0 * (aw[:, None, :] @ rows)[:, 0]  # [G, n]
+        viol = ~inw & (h > sol.rho.detach()[:, None] + WS_TOL)
+        if not bool(viol.any()):
+            return torch.zeros(G, n, dtype=gram.dtype, device=dev).scatter_add(1, order, aw)
+        _count("working_set_grown", int(viol.any(-1).sum()))
+        inw = inw | viol
+    _count("working_set_full", G)
+    return _fit(gram, torch.ones(G, n, dtype=torch.bool, device=dev), C, init=init)
+
+
 #: FISTA / power iterations of a warm-started gate fit (the polish makes the found partition exact).
-WARM_FISTA_ITERS = 0
-WARM_POWER_ITERS = 0
+WARM_FISTA_ITERS = 10
+WARM_POWER_ITERS = 5
 
 def _check_state(state: GateState | None, key: torch.Tensor, q_len: int) -> GateState | None:
     """Keep ``state`` only for the columns whose keys are unchanged since the previous call."""
@@ -256,9 +303,13 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
             for rows_b, warm in ((ib[~warm_rows], False), (ib[warm_rows], True)):
                 if not len(rows_b):
                     continue
-                init = F.pad(prev[0][rows_b].to(dt), (0, chunk)).reshape(-1, s) if warm else None
-                fitted = _fit(full[rows_b, :, :s, :s].reshape(-1, s, s),
-                              torch.ones(len(rows_b) * g, s, dtype=torch.bool, device=key.device), C, init=init)
+                blk = full[:, :, :s, :s]  # a view: no copy of the block when every sequence is fitted
+                gr = (blk if len(rows_b) == b else blk[rows_b]).reshape(-1, s, s)
+                if warm:
+                    init = F.pad(prev[0][rows_b].to(dt), (0, chunk)).reshape(-1, s)
+                    fitted = _fit_working_set(gr, init, C, chunk)
+                else:
+                    fitted = _fit(gr, torch.ones(len(rows_b) * g, s, dtype=torch.bool, device=key.device), C)
                 alphas[i] = alphas[i].index_copy(0, rows_b, fitted.reshape(len(rows_b), g, s))
             done_s = known[s][1].clone()
             done_s[ib] = True

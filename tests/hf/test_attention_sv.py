@@ -299,3 +299,22 @@ def test_fused_attention_equals_the_plain_grouped_reference(bias_rows):
     assert torch.isfinite(out).all()
     assert torch.allclose(out, ref, atol=1e-6)  # the reference softmax runs in fp32
     assert (out[1, :, 0] == 0).all()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_working_set_fit_equals_the_full_cold_fit(seed):
+    from sv_attention.hf.sv_gate import _fit, _fit_working_set
+
+    gen = torch.Generator().manual_seed(seed)
+    keys = torch.randn(4, 96, 8, generator=gen)
+    keys[2] = keys[2] * 0.1 + torch.randn(96, 1, generator=gen).sign()  # clustered keys
+    gram = rbf_gram(keys, sigma=median_bandwidth(keys)[:, None, None])
+    C = 1.0 / (0.3 * 32)
+    full_mask = torch.ones(4, 96, dtype=torch.bool)
+    prev = _fit(gram[:, :64, :64].contiguous(), full_mask[:, :64], C)
+    before = gate_stats().get("working_set_full", 0)
+    ws = _fit_working_set(gram, torch.nn.functional.pad(prev, (0, 32)), C, 32)
+    cold = _fit(gram, full_mask, C)
+    assert gate_stats().get("working_set_full", 0) == before  # solved on the working set
+    assert torch.allclose(ws, cold, atol=1e-5)
+    assert torch.allclose(ws.sum(-1), torch.ones(4), atol=1e-5)
