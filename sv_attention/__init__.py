@@ -8,8 +8,7 @@ transformers (``AttentionInterface`` and the paired ``AttentionMaskInterface``),
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from sv_attention._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -22,17 +21,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'sv_attention' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)
 
 
 def _register() -> None:

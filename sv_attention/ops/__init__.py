@@ -12,8 +12,7 @@ Names are resolved lazily from their defining modules:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from sv_attention._lazy import lazy_exports
 
 _LAZY = {
     "CausalSVAttention": "sv_attention.ops.causal",
@@ -34,14 +33,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'sv_attention.ops' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)
