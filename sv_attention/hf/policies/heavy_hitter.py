@@ -21,6 +21,26 @@ class HeavyHitterPolicy(EvictionPolicy):
         return top_k_mask(np.asarray(ctx.attention_mass, dtype=float), budget, ctx.positions), {}
 
 
+
+def _accumulated_softmax_mass(logits: np.ndarray, causal: bool, query_positions: np.ndarray | None,
+                              key_positions: np.ndarray | None) -> np.ndarray:
+    """Row-softmax of ``logits [m, n]`` (causally masked by positions when asked), summed over rows -> ``[n]``.
+
+    Rows with no visible key contribute 0 (no NaN).
+    """
+    from sv_attention.errors import InvalidInputError
+
+    if causal:
+        if query_positions is None or key_positions is None:
+            raise InvalidInputError("causal attention mass needs query_positions and key_positions")
+        visible = np.asarray(key_positions)[None, :] <= np.asarray(query_positions)[:, None]
+        logits = np.where(visible, logits, -np.inf)
+    mx = logits.max(axis=1, keepdims=True)
+    mx = np.where(np.isfinite(mx), mx, 0.0)
+    w = np.exp(logits - mx)
+    z = w.sum(axis=1, keepdims=True)
+    return np.divide(w, z, out=np.zeros_like(w), where=z > 0).sum(axis=0)
+
 def rbf_attention_mass(queries: np.ndarray, keys: np.ndarray, sigma: float, causal: bool = False,
                        query_positions: np.ndarray | None = None,
                        key_positions: np.ndarray | None = None) -> np.ndarray:
@@ -53,18 +73,7 @@ def rbf_attention_mass(queries: np.ndarray, keys: np.ndarray, sigma: float, caus
     if q.ndim != 2 or x.ndim != 2 or q.shape[1] != x.shape[1]:
         raise InvalidInputError(f"queries [m, d] and keys [n, d] must share d; got {q.shape} and {x.shape}")
     d2 = ((q[:, None, :] - x[None, :, :]) ** 2).sum(-1)
-    logits = -d2 / sigma**2
-    if causal:
-        if query_positions is None or key_positions is None:
-            raise InvalidInputError("causal attention mass needs query_positions and key_positions")
-        visible = np.asarray(key_positions)[None, :] <= np.asarray(query_positions)[:, None]
-        logits = np.where(visible, logits, -np.inf)
-    mx = logits.max(axis=1, keepdims=True)
-    mx = np.where(np.isfinite(mx), mx, 0.0)
-    w = np.exp(logits - mx)
-    z = w.sum(axis=1, keepdims=True)
-    a = np.divide(w, z, out=np.zeros_like(w), where=z > 0)
-    return a.sum(axis=0)
+    return _accumulated_softmax_mass(-d2 / sigma**2, causal, query_positions, key_positions)
 
 
 def softmax_attention_mass(queries: np.ndarray, keys: np.ndarray, scale: float | None = None, causal: bool = False,
@@ -90,14 +99,4 @@ def softmax_attention_mass(queries: np.ndarray, keys: np.ndarray, scale: float |
     if q.ndim != 2 or x.ndim != 2 or q.shape[1] != x.shape[1]:
         raise InvalidInputError(f"queries [m, d] and keys [n, d] must share d; got {q.shape} and {x.shape}")
     sc = 1.0 / np.sqrt(q.shape[1]) if scale is None else float(scale)
-    logits = sc * (q @ x.T)
-    if causal:
-        if query_positions is None or key_positions is None:
-            raise InvalidInputError("causal attention mass needs query_positions and key_positions")
-        visible = np.asarray(key_positions)[None, :] <= np.asarray(query_positions)[:, None]
-        logits = np.where(visible, logits, -np.inf)
-    mx = logits.max(axis=1, keepdims=True)
-    mx = np.where(np.isfinite(mx), mx, 0.0)
-    w = np.exp(logits - mx)
-    z = w.sum(axis=1, keepdims=True)
-    return np.divide(w, z, out=np.zeros_like(w), where=z > 0).sum(axis=0)
+    return _accumulated_softmax_mass(sc * (q @ x.T), causal, query_positions, key_positions)
