@@ -55,6 +55,10 @@ def rbf_gram(a: torch.Tensor, b: torch.Tensor | None = None, sigma: float | torc
     _check_sigma(sigma)
     same = b is None
     b = a if b is None else b
+    needs_grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad
+                                              or (isinstance(sigma, torch.Tensor) and sigma.requires_grad))
+    if not needs_grad and a.shape[-1] == b.shape[-1]:
+        return _rbf_gram_inplace(a, b, sigma, same)
     d2 = pairwise_sq_dists(a, b)
     if same:
         # Exact zeros on the diagonal (the expansion above leaves rounding noise there).
@@ -90,3 +94,19 @@ def median_bandwidth(keys: torch.Tensor, mask: torch.Tensor | None = None) -> to
     med = torch.nanmedian(vals, dim=-1).values
     ok = torch.isfinite(med) & (med > 0)
     return torch.where(ok, med, torch.ones_like(med))
+
+
+def _rbf_gram_inplace(a: torch.Tensor, b: torch.Tensor, sigma: float | torch.Tensor, same: bool) -> torch.Tensor:
+    """:func:`rbf_gram` without autograd: the same formula on one ``[..., n, m]`` buffer updated in place
+    (one allocation instead of six; the Gram of a long prefix is the gate's largest tensor)."""
+    an = (a * a).sum(-1, keepdim=True)
+    bn = (b * b).sum(-1, keepdim=True).transpose(-1, -2)
+    out = a @ b.transpose(-1, -2)
+    out.mul_(-2.0).add_(an).add_(bn).clamp_min_(0.0)  # ||a_i - b_j||^2
+    if same:
+        out.diagonal(dim1=-2, dim2=-1).zero_()
+    s2 = sigma * sigma
+    if isinstance(s2, torch.Tensor) and torch.broadcast_shapes(out.shape, s2.shape) != out.shape:
+        out = out / s2  # sigma adds batch dimensions: one more buffer of the broadcast shape
+        return out.neg_().exp_()
+    return out.div_(s2).neg_().exp_()

@@ -33,3 +33,20 @@ def test_median_bandwidth_with_mask():
     med = median_bandwidth(keys, mask=torch.tensor([True, True, False]))
     assert float(med) == pytest.approx(5.0)
     assert float(median_bandwidth(torch.zeros(4, 2))) == 1.0
+
+
+@pytest.mark.parametrize("sigma_shape", [None, (1, 1), (3, 1, 1), (2, 3, 1, 1)])
+def test_rbf_gram_without_autograd_equals_the_autograd_formula(sigma_shape):
+    """The in-place no-grad path of rbf_gram equals the differentiable one (also when sigma broadcasts)."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 7, 4, generator=gen, dtype=torch.float64)
+    b = torch.randn(3, 5, 4, generator=gen, dtype=torch.float64)
+    sigma = 1.3 if sigma_shape is None else torch.rand(sigma_shape, generator=gen, dtype=torch.float64) + 0.5
+    for other in (None, b):
+        with torch.no_grad():
+            fast = rbf_gram(a, other, sigma=sigma)
+        slow = rbf_gram(a.clone().requires_grad_(), other, sigma=sigma).detach()
+        assert fast.shape == slow.shape
+        assert torch.allclose(fast, slow, atol=1e-14)
+        if other is None:
+            assert (torch.diagonal(fast, dim1=-2, dim2=-1) == 1).all()

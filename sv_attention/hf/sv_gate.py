@@ -119,12 +119,14 @@ def _solve(gram: torch.Tensor, mask: torch.Tensor, C: float, init: torch.Tensor 
     only :data:`WARM_FISTA_ITERS` iterations and the polish makes the partition exact.
     """
     from sv_attention.svdd.batched import STATUS_NAMES, solve_batched
+    from sv_attention.svdd.polish import POLISH_RIDGE
 
+    # the gate is not trained here: the exact optimum of the found partition (the polish's tiny ridge only)
     if init is None:
-        sol = solve_batched(gram, mask, C, check_inputs=False)
+        sol = solve_batched(gram, mask, C, check_inputs=False, ridge=POLISH_RIDGE)
     else:
         sol = solve_batched(gram, mask, C, check_inputs=False, init_alpha=init, fista_iters=WARM_FISTA_ITERS,
-                            power_iters=WARM_POWER_ITERS)
+                            power_iters=WARM_POWER_ITERS, ridge=POLISH_RIDGE)
         _count("warm_fits")
     _count("fits")
     _count("problems", gram.shape[0])
@@ -190,6 +192,44 @@ def _fit_working_set(gram: torch.Tensor, init: torch.Tensor, C: float, new: int)
 #: FISTA / power iterations of a warm-started gate fit (the polish makes the found partition exact).
 WARM_FISTA_ITERS = 10
 WARM_POWER_ITERS = 5
+#: Primal-dual active-set steps of the direct warm fit before it hands over to the working-set fit.
+WARM_PDAS_STEPS = 10
+
+
+def _fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int) -> torch.Tensor:
+    """Warm fit of full problems ``gram [G, n, n]`` (all keys valid) straight from the previous partition.
+
+    The previous boundary's gate ``init [G, n]`` (zero on the ``new`` last keys) gives the starting
+    partition: margin ``0 < alpha < C``, error ``alpha = C``, every other key (the new ones included)
+    reserve. The primal-dual active-set iteration (:func:`sv_attention.svdd.polish.active_set_polish`:
+    one exact bordered solve on the margin block plus one pass over ``K`` per step) then moves every KKT
+    violator; a chunk of new keys usually settles in 2-4 steps. A problem whose partition is a KKT point
+    is returned as the exact optimum of that partition (ridge :data:`~sv_attention.svdd.polish.POLISH_RIDGE`,
+    the polish's own); problems that did not settle within :data:`WARM_PDAS_STEPS` steps are refitted by
+    :func:`_fit_working_set` (counted as ``warm_pdas_fallback``), so the result never depends on an
+    unconverged iterate.
+    """
+    from sv_attention.svdd.polish import POLISH_RIDGE, active_set_polish, fixed_partition_solve
+
+    G, n, _ = gram.shape
+    dev, dt = gram.device, gram.dtype
+    Ct = torch.full((G,), float(C), dtype=dt, device=dev)
+    mask = torch.ones(G, n, dtype=torch.bool, device=dev)
+    at_c = init >= C * (1.0 - 1e-6)
+    margin, error = (init > 0) & ~at_c, at_c
+    tol = 64.0 * torch.finfo(dt).eps
+    pol = active_set_polish(gram, mask, margin, error, Ct, WARM_PDAS_STEPS, tol)
+    _count("warm_fits")
+    _count("warm_pdas_problems", G)
+    ok = pol.converged & (pol.violation <= 10.0 * tol)
+    sol = fixed_partition_solve(gram, mask, pol.margin, pol.error, Ct, POLISH_RIDGE)
+    alpha = sol.alpha.clamp_min(0.0)
+    ok = ok & sol.ok
+    if not bool(ok.all()):
+        bad = (~ok).nonzero().flatten()
+        _count("warm_pdas_fallback", len(bad))
+        alpha = alpha.index_copy(0, bad, _fit_working_set(gram[bad], init[bad], C, new))
+    return alpha
 
 def _check_state(state: GateState | None, key: torch.Tensor, q_len: int) -> GateState | None:
     """Keep ``state`` only for the columns whose keys are unchanged since the previous call."""
@@ -307,7 +347,7 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
                 gr = (blk if len(rows_b) == b else blk[rows_b]).reshape(-1, s, s)
                 if warm:
                     init = F.pad(prev[0][rows_b].to(dt), (0, chunk)).reshape(-1, s)
-                    fitted = _fit_working_set(gr, init, C, chunk)
+                    fitted = _fit_warm(gr, init, C, chunk)
                 else:
                     fitted = _fit(gr, torch.ones(len(rows_b) * g, s, dtype=torch.bool, device=key.device), C)
                 alphas[i] = alphas[i].index_copy(0, rows_b, fitted.reshape(len(rows_b), g, s))
@@ -316,7 +356,6 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
             known[s] = (alphas[i], done_s)
     for i, s in enumerate(bounds):
         table[:, :, i, :s] = alphas[i]
-        table[:, :, i, s:] = 1.0
         if keep_state:
             if state is None:
                 state = _new_state(None, key, True, sig)
@@ -330,10 +369,9 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
     for i, s in enumerate(bounds):
         slot = torch.where(active & (bnd == s), torch.full_like(slot, i), slot)
     kp = kpos.clamp_min(0)  # invalid keys are masked by `visible` anyway
-    flat = table.reshape(b, g, (S + 1) * P)
+    flat = torch.log(table).reshape(b, g, (S + 1) * P)  # log on the small table, not on [b, g, q, kv]
     lin = slot[:, :, None] * P + kp[:, None, :]  # [b, q, kv]
-    w = torch.gather(flat, 2, lin.reshape(b, 1, q * kv).expand(b, g, q * kv)).reshape(b, g, q, kv)
-    bias = torch.log(w)
+    bias = torch.gather(flat, 2, lin.reshape(b, 1, q * kv).expand(b, g, q * kv)).reshape(b, g, q, kv)
     if keep_state:
         state = _new_state(state, key, True, sig)
         # later queries of a sequence only read its current boundary or later ones: drop older gates, so the

@@ -66,6 +66,25 @@ def _c_column(C: torch.Tensor) -> torch.Tensor:
     return C[:, None]
 
 
+def _gram_times_indicator(gram: torch.Tensor, subset: torch.Tensor, subset_f: torch.Tensor) -> torch.Tensor:
+    """``K 1_E`` ``[G, n]`` for a key subset ``E`` (bool ``[G, n]``; ``subset_f`` the same as 0/1 floats).
+
+    A small subset (the usual error set) is summed from its gathered rows (``K`` is symmetric, so
+    ``K 1_E = sum_{j in E} K[j, :]``), which reads ``|E| n`` entries instead of the whole ``[n, n]`` block
+    (the polish calls this once per step); an empty one costs nothing; a large one is the plain product.
+    """
+    G, n, _ = gram.shape
+    ne = int(subset.sum(-1).max()) if G > 0 else 0
+    if ne == 0:
+        return torch.zeros_like(subset_f)
+    if 4 * ne > n:
+        return (gram @ subset_f[..., None])[..., 0]
+    order = torch.argsort((~subset).to(torch.int8), dim=-1, stable=True)[:, :ne]
+    used = torch.arange(ne, device=gram.device)[None, :] < subset.sum(-1)[:, None]
+    rows = gram.gather(1, order[:, :, None].expand(G, ne, n))
+    return (used.to(gram.dtype)[:, None, :] @ rows)[:, 0]
+
+
 def _bordered_system(gram: torch.Tensor, margin: torch.Tensor, error: torch.Tensor, C: torch.Tensor,
                      ridge: float | torch.Tensor,
                      ) -> tuple[torch.Tensor, ...]:
@@ -110,7 +129,7 @@ def _bordered_system(gram: torch.Tensor, margin: torch.Tensor, error: torch.Tens
         A[:, 0, 0] = empty.to(dt)
     ef = error.to(dt)
     diag = torch.diagonal(gram, dim1=-2, dim2=-1)
-    kef = (gram @ ef[..., None])[..., 0]
+    kef = _gram_times_indicator(gram, error, ef)
     h = diag - 2.0 * _c_column(C) * kef
     b0 = 1.0 - C * ef.sum(-1)
     b = torch.cat([b0[:, None], h.gather(1, order) * vcf], dim=1)

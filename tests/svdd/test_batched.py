@@ -257,3 +257,18 @@ def test_warm_start_from_shorter_prefix_reaches_the_exact_partition(kind):
         assert np.abs(warm.alpha.double().numpy() - np.stack([r.alpha for r in refs]))[agree].max() < 1e-4
     with pytest.raises(InvalidInputError, match="init_alpha"):
         solve_batched(K.float(), mask, C, init_alpha=init[:, :10])
+
+
+@pytest.mark.parametrize("sizes", [(0, 0), (3, 0), (3, 40), (60, 64)])
+def test_gram_times_indicator_equals_the_plain_product(sizes):
+    """K 1_E summed from gathered rows (small E), skipped (empty E) or multiplied (large E) is K @ 1_E."""
+    from sv_attention.svdd.polish import _gram_times_indicator
+
+    gen = torch.Generator().manual_seed(sum(sizes))
+    x = torch.randn(2, 64, 5, generator=gen, dtype=torch.float64)
+    gram = torch.exp(-torch.cdist(x, x) ** 2 / 4.0)
+    subset = torch.zeros(2, 64, dtype=torch.bool)
+    for i, k in enumerate(sizes):
+        subset[i, torch.randperm(64, generator=gen)[:k]] = True
+    f = subset.to(gram.dtype)
+    assert torch.allclose(_gram_times_indicator(gram, subset, f), (gram @ f[..., None])[..., 0], atol=1e-12)
