@@ -164,6 +164,8 @@ def _fit_working_set(gram: torch.Tensor, init: torch.Tensor, C: float, new: int)
     solves plus one ``n x |W|`` product per round. After :data:`WS_ROUNDS` rounds the full problem is
     solved instead (counted as ``working_set_full``).
     """
+    from sv_attention.svdd.polish import gather_rows
+
     G, n, _ = gram.shape
     dev = gram.device
     inw = init > 0
@@ -175,7 +177,7 @@ def _fit_working_set(gram: torch.Tensor, init: torch.Tensor, C: float, new: int)
         order = torch.argsort((~inw).to(torch.int8), dim=-1, stable=True)[:, :m]  # set members, increasing
         wmask = torch.arange(m, device=dev)[None, :] < cnt[:, None]
         order = torch.where(wmask, order, torch.zeros_like(order))
-        rows = gram.gather(1, order[:, :, None].expand(G, m, n))  # [G, m, n]
+        rows = gather_rows(gram, order)  # [G, m, n]
         sub = rows.gather(2, order[:, None, :].expand(G, m, m))
         sol = _solve(sub, wmask, C, init=torch.where(wmask, init.gather(1, order), torch.zeros_like(sub[:, 0])))
         aw = torch.where(wmask, sol.alpha.clamp_min(0.0), torch.zeros_like(sub[:, 0]))

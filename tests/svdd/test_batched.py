@@ -272,3 +272,22 @@ def test_gram_times_indicator_equals_the_plain_product(sizes):
         subset[i, torch.randperm(64, generator=gen)[:k]] = True
     f = subset.to(gram.dtype)
     assert torch.allclose(_gram_times_indicator(gram, subset, f), (gram @ f[..., None])[..., 0], atol=1e-12)
+
+
+def test_gather_rows_equals_gather_on_contiguous_sliced_and_expanded_batches():
+    from sv_attention.svdd.polish import gather_rows
+
+    gen = torch.Generator().manual_seed(0)
+    full = torch.randn(2, 3, 11, 11, generator=gen)
+    cases = [full.reshape(6, 11, 11), full[:, :, :7, :7].reshape(6, 7, 7), full[:1, :, :7, :7].reshape(3, 7, 7),
+             full[0, 0, :7, :7].expand(4, 7, 7), full.reshape(6, 11, 11).transpose(1, 2)]
+    for mat in cases:
+        G, r, c = mat.shape
+        index = torch.stack([torch.randperm(r, generator=gen)[:4] for _ in range(G)])
+        ref = mat.gather(1, index[:, :, None].expand(G, 4, c))
+        assert torch.equal(gather_rows(mat, index), ref)
+    leaf = full[0].clone().requires_grad_()
+    index = torch.tensor([[1, 2], [0, 0], [3, 1]])
+    gather_rows(leaf, index).sum().backward()  # the differentiable path
+    assert torch.equal(leaf.grad, torch.zeros(3, 11, 11).scatter_add(1, index[:, :, None].expand(3, 2, 11),
+                                                                    torch.ones(3, 2, 11)))
