@@ -24,6 +24,11 @@ def test_bench_ceq_smallest_setting_writes_json(tmp_path):
         assert r["wall_ratio"] == r["ceq_wall_s"] / r["sdpa_wall_s"]
         assert r["peak_memory_ratio"] == r["ceq_peak_bytes"] / r["sdpa_peak_bytes"]
     assert data["targets"] == {}  # 512 / 1024 were not run
+    op, block = rows
+    assert op["wall_ratio_to_sdpa_x2"] == op["ceq_wall_s"] / op["sdpa_x2_wall_s"]  # the two-attention floor
+    assert block["sdpa_x2_wall_s"] is None and block["wall_ratio_to_sdpa_x2"] is None
+    floor = data["two_sdpa_floor"]
+    assert floor["ceq_products"] == 2 * floor["sdpa_products"]
 
 
 def test_peak_bytes_counts_a_known_allocation():
