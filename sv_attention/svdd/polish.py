@@ -269,8 +269,8 @@ def active_set_polish(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tens
     best_v = torch.full((G,), float("inf"), dtype=gram.dtype, device=gram.device)
     converged = torch.zeros(G, dtype=torch.bool, device=gram.device)
     failures = 0
-    # Working set: only problems still moving are solved (converged ones are frozen and dropped, so
-    # late steps cost in proportion to the few stragglers).
+    # Working set: once at most a quarter of the problems still move, the settled ones are dropped, so
+    # late steps cost in proportion to the few stragglers.
     work = torch.arange(G, device=gram.device)
     gw, mw, Cw = gram, mask, C
     cm, ce = margin, error
@@ -303,10 +303,16 @@ def active_set_polish(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tens
             break
         new_m = (cm & ~to_r & ~to_e) | r_to_s | e_to_s
         new_e = (ce & ~e_to_s) | to_e
-        work = work[moved]
-        cm, ce = new_m[moved], new_e[moved]
-        if not bool(moved.all()):
+        n_moving = int(moved.sum())
+        if 4 * n_moving <= moved.numel():
+            # few stragglers: drop the settled problems (copies the stragglers' Grams once)
+            work = work[moved]
+            cm, ce = new_m[moved], new_e[moved]
             gw, mw, Cw = gw[moved], mw[moved], Cw[moved]
+        else:
+            # most still move: re-solving a settled problem reproduces it (no point moves), which is
+            # cheaper than copying [G', n, n] Grams every step
+            cm, ce = new_m, new_e
         run += 1
     return PolishResult(margin=best_m, error=best_e, violation=best_v, converged=converged, steps=run,
                         solve_failures=failures)
