@@ -94,7 +94,7 @@ def positions_from_mask(visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     """
     valid = visible.any(dim=1)
     kpos = torch.where(valid, valid.long().cumsum(-1) - 1, torch.full_like(valid, -1, dtype=torch.long))
-    qpos = visible.long().sum(-1) - 1
+    qpos = visible.sum(-1) - 1  # a bool sum is int64 without a long copy of the mask
     return valid, kpos, qpos
 
 
@@ -194,11 +194,14 @@ def _fit_working_set(gram: torch.Tensor, init: torch.Tensor, C: float, new: int)
 #: FISTA / power iterations of a warm-started gate fit (the polish makes the found partition exact).
 WARM_FISTA_ITERS = 10
 WARM_POWER_ITERS = 5
+#: Cold fits up to this many keys start the active-set steps from uniform alpha (every key on the margin)
+#: instead of running the FISTA finder; larger cold fits (a crop, a state reset) use ``solve_batched``.
+COLD_PDAS_MAX_KEYS = 256
 #: Primal-dual active-set steps of the direct warm fit before it hands over to the working-set fit.
 WARM_PDAS_STEPS = 10
 
 
-def _fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int) -> torch.Tensor:
+def _fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, stat: str = "warm_fits") -> torch.Tensor:
     """Warm fit of full problems ``gram [G, n, n]`` (all keys valid) straight from the previous partition.
 
     The previous boundary's gate ``init [G, n]`` (zero on the ``new`` last keys) gives the starting
@@ -209,7 +212,8 @@ def _fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int) -> tor
     is returned as the exact optimum of that partition (ridge :data:`~sv_attention.svdd.polish.POLISH_RIDGE`,
     the polish's own); problems that did not settle within :data:`WARM_PDAS_STEPS` steps are refitted by
     :func:`_fit_working_set` (counted as ``warm_pdas_fallback``), so the result never depends on an
-    unconverged iterate.
+    unconverged iterate. ``stat`` names the counter of this call (``warm_fits``; ``cold_pdas_fits`` for
+    a small first boundary started from uniform alpha).
     """
     from sv_attention.svdd.polish import POLISH_RIDGE, active_set_polish, fixed_partition_solve
 
@@ -221,8 +225,8 @@ def _fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int) -> tor
     margin, error = (init > 0) & ~at_c, at_c
     tol = 64.0 * torch.finfo(dt).eps
     pol = active_set_polish(gram, mask, margin, error, Ct, WARM_PDAS_STEPS, tol)
-    _count("warm_fits")
-    _count("warm_pdas_problems", G)
+    _count(stat)
+    _count("pdas_problems", G)
     ok = pol.converged & (pol.violation <= 10.0 * tol)
     sol = fixed_partition_solve(gram, mask, pol.margin, pol.error, Ct, POLISH_RIDGE)
     alpha = sol.alpha.clamp_min(0.0)
@@ -350,6 +354,10 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
                 if warm:
                     init = F.pad(prev[0][rows_b].to(dt), (0, chunk)).reshape(-1, s)
                     fitted = _fit_warm(gr, init, C, chunk)
+                elif s <= COLD_PDAS_MAX_KEYS:
+                    # a small first boundary: the active-set steps from "every key on the margin"
+                    fitted = _fit_warm(gr, torch.full(gr.shape[:2], 1.0 / s, dtype=dt, device=key.device), C, 0,
+                                       stat="cold_pdas_fits")
                 else:
                     fitted = _fit(gr, torch.ones(len(rows_b) * g, s, dtype=torch.bool, device=key.device), C)
                 alphas[i] = alphas[i].index_copy(0, rows_b, fitted.reshape(len(rows_b), g, s))
