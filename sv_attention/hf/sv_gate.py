@@ -26,7 +26,9 @@ always equals the recomputation without state.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -237,6 +239,31 @@ def _fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, stat: 
         alpha = alpha.index_copy(0, bad, _fit_working_set(gram[bad], init[bad], C, new))
     return alpha
 
+#: torch intra-op threads while the gate fits its boundaries on a CPU (None: leave torch's setting).
+#: The fits are chains of small operations (solves of a few hundred unknowns, row gathers) for which
+#: extra threads cost more in synchronisation than they save -- measured 5-10x slower with 2 threads
+#: than with 1 on a loaded 2-core machine; the Gram and the attention itself keep every thread.
+GATE_FIT_THREADS: int | None = 1
+
+
+@contextlib.contextmanager
+def _limited_threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _gate_threads(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """Context of the boundary fits: :data:`GATE_FIT_THREADS` intra-op threads on a CPU (process-wide
+    while it lasts, restored after), nothing on other devices."""
+    if GATE_FIT_THREADS is None or device.type != "cpu" or torch.get_num_threads() <= GATE_FIT_THREADS:
+        return contextlib.nullcontext()
+    return _limited_threads(GATE_FIT_THREADS)
+
+
 def _check_state(state: GateState | None, key: torch.Tensor, q_len: int) -> GateState | None:
     """Keep ``state`` only for the columns whose keys are unchanged since the previous call."""
     b, g, kv, _ = key.shape
@@ -337,33 +364,34 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
             for s_, a_ in state.gates.items():
                 known[s_] = (a_.to(dt), state.done[s_].clone())
         pending = {i: ib for i, _, ib in todo_list}
-        for i, s in enumerate(bounds):
-            have_i = rows_of[i].clone()
-            if i in pending:
-                have_i[pending[i]] = False
-            known[s] = (alphas[i], have_i)  # (rows of the state outside rows_of[i] are not in alphas[i])
-        for i, s, ib in sorted(todo_list, key=lambda t: t[1]):
-            prev = known.get(s - chunk)
-            warm_rows = prev[1][ib] if prev is not None else torch.zeros(len(ib), dtype=torch.bool,
-                                                                         device=key.device)
-            for rows_b, warm in ((ib[~warm_rows], False), (ib[warm_rows], True)):
-                if not len(rows_b):
-                    continue
-                blk = full[:, :, :s, :s]  # a view: no copy of the block when every sequence is fitted
-                gr = (blk if len(rows_b) == b else blk[rows_b]).reshape(-1, s, s)
-                if warm:
-                    init = F.pad(prev[0][rows_b].to(dt), (0, chunk)).reshape(-1, s)
-                    fitted = _fit_warm(gr, init, C, chunk)
-                elif s <= COLD_PDAS_MAX_KEYS:
-                    # a small first boundary: the active-set steps from "every key on the margin"
-                    fitted = _fit_warm(gr, torch.full(gr.shape[:2], 1.0 / s, dtype=dt, device=key.device), C, 0,
-                                       stat="cold_pdas_fits")
-                else:
-                    fitted = _fit(gr, torch.ones(len(rows_b) * g, s, dtype=torch.bool, device=key.device), C)
-                alphas[i] = alphas[i].index_copy(0, rows_b, fitted.reshape(len(rows_b), g, s))
-            done_s = known[s][1].clone()
-            done_s[ib] = True
-            known[s] = (alphas[i], done_s)
+        with _gate_threads(key.device):  # restored on any exit
+            for i, s in enumerate(bounds):
+                have_i = rows_of[i].clone()
+                if i in pending:
+                    have_i[pending[i]] = False
+                known[s] = (alphas[i], have_i)  # (rows of the state outside rows_of[i] are not in alphas[i])
+            for i, s, ib in sorted(todo_list, key=lambda t: t[1]):
+                prev = known.get(s - chunk)
+                warm_rows = prev[1][ib] if prev is not None else torch.zeros(len(ib), dtype=torch.bool,
+                                                                             device=key.device)
+                for rows_b, warm in ((ib[~warm_rows], False), (ib[warm_rows], True)):
+                    if not len(rows_b):
+                        continue
+                    blk = full[:, :, :s, :s]  # a view: no copy of the block when every sequence is fitted
+                    gr = (blk if len(rows_b) == b else blk[rows_b]).reshape(-1, s, s)
+                    if warm:
+                        init = F.pad(prev[0][rows_b].to(dt), (0, chunk)).reshape(-1, s)
+                        fitted = _fit_warm(gr, init, C, chunk)
+                    elif s <= COLD_PDAS_MAX_KEYS:
+                        # a small first boundary: the active-set steps from "every key on the margin"
+                        fitted = _fit_warm(gr, torch.full(gr.shape[:2], 1.0 / s, dtype=dt, device=key.device), C, 0,
+                                           stat="cold_pdas_fits")
+                    else:
+                        fitted = _fit(gr, torch.ones(len(rows_b) * g, s, dtype=torch.bool, device=key.device), C)
+                    alphas[i] = alphas[i].index_copy(0, rows_b, fitted.reshape(len(rows_b), g, s))
+                done_s = known[s][1].clone()
+                done_s[ib] = True
+                known[s] = (alphas[i], done_s)
     for i, s in enumerate(bounds):
         table[:, :, i, :s] = alphas[i]
         if keep_state:

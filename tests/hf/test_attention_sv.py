@@ -346,3 +346,33 @@ def test_direct_warm_fit_equals_the_exact_cold_fit(seed):
     assert torch.allclose(warm.sum(-1), torch.ones(4, dtype=torch.float64), atol=1e-10)
     assert torch.allclose(warm, cold.alpha.clamp_min(0.0), atol=1e-10)  # same partition, same tiny ridge
     assert torch.allclose(warm, exact.alpha.clamp_min(0.0), atol=1e-5)  # ridge-0 optimum (ridge ~ ill-conditioning)
+
+
+def test_gate_fits_run_single_threaded_and_restore_the_thread_count(monkeypatch):
+    import sv_attention.hf.sv_gate as sv_gate
+
+    q, k, v = qkv(b=1, q=20, kv=20, d=4, seed=3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        real = sv_gate._fit_warm
+
+        def spy(*args, **kw):
+            seen.append(torch.get_num_threads())
+            return real(*args, **kw)
+
+        monkeypatch.setattr(sv_gate, "_fit_warm", spy)
+        sv_attention_forward(Mod(nu=0.5, chunk=6), q, k, v, causal(1, 20, 20)[:, None], scaling=0.5)
+        assert seen and set(seen) == {sv_gate.GATE_FIT_THREADS}
+        assert torch.get_num_threads() == 2
+
+        def boom(*args, **kw):
+            raise RuntimeError("solver failure")
+
+        monkeypatch.setattr(sv_gate, "_fit_warm", boom)
+        with pytest.raises(RuntimeError, match="solver failure"):
+            sv_attention_forward(Mod(nu=0.5, chunk=6), q, k, v, causal(1, 20, 20)[:, None], scaling=0.5)
+        assert torch.get_num_threads() == 2  # restored on the error path too
+    finally:
+        torch.set_num_threads(before)
