@@ -30,6 +30,7 @@ import torch
 
 from sv_attention.errors import InvalidHyperparameterError
 from sv_attention.experiments._common import row
+from sv_attention.threads import torch_threads
 
 PUBLISHED = {"note": "published at 3.22M parameters on enwik8: SV 2.178 vs SWA 2.383 BPC over seven seeds; "
                      "not comparable with this CPU-sized probe on the embedded corpus (kept as text so no table "
@@ -97,26 +98,6 @@ def paired_test(diffs: list[float]) -> dict[str, Any]:
     except ImportError:  # pragma: no cover - scipy is a dev dependency
         p = None
     return {**out, "se": se, "t": t, "df": n - 1, "p_two_sided": p}
-
-
-@contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """Run the block with ``torch.set_num_threads(n)`` (None: leave torch's setting), restoring it after.
-
-    The probe's models are tiny: one intra-op thread is about as fast as two on an idle 2-core machine, and
-    on a shared one two threads that wait for each other at every small op were measured 3-20x slower.
-    """
-    if n is None:
-        yield
-        return
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise InvalidHyperparameterError(f"threads must be a positive integer or None, got {n!r}")
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def unigram_bpb(cfg: Any) -> float:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +35,7 @@ import torch.nn.functional as F
 
 from sv_attention.errors import InvalidInputError
 from sv_attention.kernels import median_bandwidth, rbf_gram
+from sv_attention.threads import torch_threads
 
 #: Counters of what the gate did in this process (fits, solver statuses, reuse); see :func:`gate_stats`.
 STATS: dict[str, int] = {}
@@ -246,22 +246,12 @@ def _fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, stat: 
 GATE_FIT_THREADS: int | None = 1
 
 
-@contextlib.contextmanager
-def _limited_threads(n: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _gate_threads(device: torch.device) -> contextlib.AbstractContextManager[None]:
     """Context of the boundary fits: :data:`GATE_FIT_THREADS` intra-op threads on a CPU (process-wide
     while it lasts, restored after), nothing on other devices."""
     if GATE_FIT_THREADS is None or device.type != "cpu" or torch.get_num_threads() <= GATE_FIT_THREADS:
         return contextlib.nullcontext()
-    return _limited_threads(GATE_FIT_THREADS)
+    return torch_threads(GATE_FIT_THREADS)
 
 
 def _check_state(state: GateState | None, key: torch.Tensor, q_len: int) -> GateState | None:
