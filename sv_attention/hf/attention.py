@@ -255,17 +255,25 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
 # ------------------------------------------------------------------------------------------------------------
 @dataclass
 class HopState:
-    """ceq hop history of one layer, aligned with the key columns of the previous call.
+    """ceq hop history of one layer, in capacity buffers that decoding extends in place.
+
+    Store column ``base + j`` belongs to key column ``j`` of the previous call; columns ``[base, end)`` are
+    live. A decoding step validates the live columns against the keys it receives, then writes its own
+    rows after them (no copy of the history; :func:`sv_attention.ops.hop_cache.reserve_columns` moves
+    them to buffers of twice the needed size when full, amortised O(1) per step).
 
     Attributes
     ----------
-    history : list of Tensor ``[b, h, n_cols, d]``  hop outputs ``y_1 .. y_{K-1}``
-    fingerprint : Tensor ``[b, h_kv, n_cols]``  first feature of every key column
+    store : list of Tensor ``[b, h, cap, d]``  hop outputs ``y_1 .. y_{K-1}``
+    fingerprint : Tensor ``[b, h_kv, cap]``  first feature of every key column
+    base, end : int  live columns
     signature : tuple  operator / rho / lam / hops / scaling / form that filled it
     """
 
-    history: list[torch.Tensor]
+    store: list[torch.Tensor]
     fingerprint: torch.Tensor
+    base: int
+    end: int
     signature: tuple
 
 
@@ -280,34 +288,50 @@ def _match_rows(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor | None:
     return torch.tensor(idx, dtype=torch.long, device=old.device)
 
 
-def _ceq_history(state: HopState | None, key: torch.Tensor, q_len: int, signature: tuple, sliding: bool,
-                 layer_idx: int | None) -> list[torch.Tensor] | None:
-    """History of the past columns of this call (None for a fresh prefill); raises when it is unknown."""
+def _ceq_state(state: HopState | None, key: torch.Tensor, q_len: int, signature: tuple, sliding: bool,
+               layer_idx: int | None, private: bool) -> HopState:
+    """The hop state of this call's past columns, with room for ``q_len`` more; raises when it is unknown.
+
+    Checks, in order: a state with this signature exists; it holds at least the ``past = kv_len - q_len``
+    columns the key cache has (a sliding window keeps the last ones, a crop the first ones); the first
+    feature of each of those key columns equals the fingerprint recorded when its history row was
+    written (detects another conversation or an edited cache; O(past) elements, i.e. ``1 / d`` of the key
+    cache the attention reads anyway). Rows in another order (beam search) are matched and gathered.
+
+    The returned state has ``end = base + past``; its buffers are the input state's (its columns from
+    ``end`` on may be overwritten) unless it was gathered, grown, or ``private`` (a copy, so the input
+    state stays intact).
+    """
+    from sv_attention.ops.hop_cache import reserve_columns, take_columns
+
     b, g, kv_len, _ = key.shape
     past = kv_len - q_len
-    if past == 0:
-        return None
     if state is None or state.signature != signature:
         raise HopCacheError(
             f"ceq layer {layer_idx}: decoding {q_len} token(s) after {past} cached positions, but no hop "
             "history for them is held (the cache was filled by another attention implementation, with other "
             "ceq settings, or the state was reset); run the prompt again through the model with this setting")
-    n_prev = state.fingerprint.shape[-1]
+    n_prev = state.end - state.base
     if past > n_prev:
         raise HopCacheError(f"ceq layer {layer_idx}: the key cache holds {past} past positions but the hop "
                             f"history only {n_prev}; prefill again")
-    sl = slice(n_prev - past, n_prev) if sliding else slice(0, past)  # windows keep the last, crops the first
-    fp_old = state.fingerprint[:, :, sl]
+    start = state.base + (n_prev - past if sliding else 0)  # windows keep the last columns, crops the first
+    fp_old = state.fingerprint[:, :, start:start + past]
     fp_new = key[:, :, :past, 0]
-    hist = [t[:, :, sl] for t in state.history]
+    bufs = [*state.store, state.fingerprint]
     if fp_old.shape[0] == b and torch.equal(fp_old, fp_new):
-        return hist
-    idx = _match_rows(fp_old, fp_new)
-    if idx is None:
-        raise HopCacheError(
-            f"ceq layer {layer_idx}: the cached keys differ from those the hop history was built on (another "
-            "conversation or an edited cache); call sv_attention.hf.reset_state(model) and prefill again")
-    return [t.index_select(0, idx) for t in hist]
+        if private:
+            bufs, start = take_columns(bufs, start, past, kv_len), 0
+        else:
+            bufs, start = reserve_columns(bufs, start, past, kv_len)
+    else:
+        idx = _match_rows(fp_old, fp_new)
+        if idx is None:
+            raise HopCacheError(
+                f"ceq layer {layer_idx}: the cached keys differ from those the hop history was built on (another "
+                "conversation or an edited cache); call sv_attention.hf.reset_state(model) and prefill again")
+        bufs, start = take_columns(bufs, start, past, kv_len, rows=idx), 0
+    return HopState(store=bufs[:-1], fingerprint=bufs[-1], base=start, end=start + past, signature=signature)
 
 
 def _require_queries_last(mask: torch.Tensor | None, q_len: int, kv_len: int, layer_idx: int | None) -> None:
@@ -388,18 +412,29 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                                         scaling=scaling, **kwargs)
         out = out.transpose(1, 2)
     else:
+        from sv_attention.ops.hop_cache import PREFILL_HEADROOM
+
         keep_state = bool(kwargs.get("use_cache", True)) and not training
         sliding = _sliding_window(module, kwargs) is not None
         signature = (p["operator"], p["rho"], p["lam"], p["hops"], scaling, p["form"])
-        state = module.__dict__.get(STATE_ATTR)
-        state = state if isinstance(state, HopState) else None
-        history = _ceq_history(state, key, query.shape[2], signature, sliding, layer_idx)
-        sink: list[torch.Tensor] = []
-        out = ceq_attention(query, key, value, attention_mask, **common, _history=history, _sink=sink)
+        b, h, q_len, _ = query.shape
+        g, kv_len, dv = key.shape[1], key.shape[2], value.shape[-1]
+        past = kv_len - q_len
+        if past == 0:  # a fresh prefill: new buffers (with room for the decoding steps when kept)
+            cap = kv_len + (PREFILL_HEADROOM if keep_state else 0)
+            state = HopState(store=[query.new_empty(b, h, cap, dv) for _ in range(p["hops"] - 1)],
+                             fingerprint=key.new_empty(b, g, cap), base=0, end=0, signature=signature)
+        else:
+            old = module.__dict__.get(STATE_ATTR)
+            state = _ceq_state(old if isinstance(old, HopState) else None, key, q_len, signature, sliding,
+                               layer_idx, private=not keep_state)
+        if keep_state:  # valid as is (columns [base, end)) even if the call below raises
+            module.__dict__[STATE_ATTR] = state
+        out = ceq_attention(query, key, value, attention_mask, **common,
+                            _store=[t[:, :, state.base:] for t in state.store])
         if keep_state:
-            module.__dict__[STATE_ATTR] = HopState(
-                history=[t.detach() for t in sink[: p["hops"] - 1]],
-                fingerprint=key[:, :, :, 0].detach().clone(), signature=signature)
+            state.fingerprint[:, :, state.end:state.end + q_len] = key[:, :, past:, 0]
+            state.end += q_len
     weights = None
     if kwargs.get("output_attentions"):
         from sv_attention.ops.ceq import ceq_matrix

@@ -463,7 +463,7 @@ def _hops_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bm: torch.T
     """:func:`hops_forward`, plus the stock softmax attention of the query rows when ``stock`` is
     ``"causal"`` / ``"mask"`` (visibility mode of :func:`visible_block`)."""
     b, h, q_len, d = q.shape
-    hkv, kv_len = k.shape[1], k.shape[2]
+    kv_len = k.shape[2]
     dv = v.shape[-1]
     off = kv_len - q_len
     K = params.hops
@@ -477,6 +477,28 @@ def _hops_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bm: torch.T
         for hh in range(1, K):
             bufs[hh - 1][:, :, :off] = history[hh - 1]
     out0 = None if stock is None else q.new_empty(b, h, q_len, dv)
+    _hop_blocks(q, k, v, bm, params, sc, bufs[: K - 1], bufs[K - 1][:, :, off:], chunk_size, stock, out0)
+    return bufs, out0
+
+
+def _hop_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bm: torch.Tensor | None, params: CeqParams,
+                sc: float, store: list[torch.Tensor], last: torch.Tensor, chunk_size: int | None,
+                stock: str | None, out0: torch.Tensor | None) -> None:
+    """The row-block loop of the hop engine, writing its results in place.
+
+    Parameters
+    ----------
+    q, k, v, bm, params, sc, chunk_size, stock : as for :func:`_hops_forward`.
+    store : K-1 tensors ``[b, h, >= kv_len, dv]`` indexed by key column: rows ``[:off]`` hold
+        ``y_1 .. y_{K-1}`` of the earlier positions (read), rows ``[off, kv_len)`` are written.
+    last : ``[b, h, q_len, dv]`` receives ``y_K`` of the query rows.
+    out0 : ``[b, h, q_len, dv]`` receives the stock softmax attention (``stock`` not None) or None.
+    """
+    b, h, q_len, d = q.shape
+    hkv, kv_len = k.shape[1], k.shape[2]
+    dv = v.shape[-1]
+    off = kv_len - q_len
+    K = params.hops
     for r0, r1 in _chunks(q_len, chunk_size or auto_chunk(kv_len)):
         e = off + r1
         c = r1 - r0
@@ -487,11 +509,114 @@ def _hops_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bm: torch.T
             out0[:, :, r0:r1] = torch.matmul(_grouped(ps, hkv), v[:, :, :e]).view(b, h, c, dv)
             del ps
         y = torch.matmul(_grouped(a, hkv), v[:, :, :e]).view(b, h, c, dv)
-        bufs[0][:, :, off + r0:off + r1] = y
-        for hh in range(2, K + 1):
-            y = torch.matmul(a, bufs[hh - 2][:, :, :e])
-            bufs[hh - 1][:, :, off + r0:off + r1] = y
-    return bufs, out0
+        for hh in range(1, K + 1):
+            if hh > 1:
+                y = torch.matmul(a, store[hh - 2][:, :, :e])
+            if hh < K:
+                store[hh - 1][:, :, off + r0:off + r1] = y
+            else:
+                last[:, :, r0:r1] = y
+
+
+_ROW_CONSTANTS: dict[tuple, torch.Tensor] = {}
+
+
+def _row_constant(values: tuple[float, ...], like: torch.Tensor) -> torch.Tensor:
+    """The column ``[len(values), 1]`` of ``values`` in ``like``'s dtype / device, built once and reused."""
+    key = (values, like.dtype, like.device)
+    t = _ROW_CONSTANTS.get(key)
+    if t is None:
+        if len(_ROW_CONSTANTS) > 64:
+            _ROW_CONSTANTS.clear()
+        t = _ROW_CONSTANTS[key] = torch.tensor(values, dtype=like.dtype, device=like.device)[:, None]
+    return t
+
+
+def _sgate_decode_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: CeqParams, sc: float,
+                      store: list[torch.Tensor], with_stock: bool) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """One decoding query (``q_len == 1``, no mask, ``kv_len >= 2``) of the sgate hop engine, in few kernels.
+
+    The same quantities as :func:`_hop_blocks` for that row, from one logits row ``w = (q sc) k^T`` stacked
+    as ``E = [w; w; -w]`` (``[b, h_kv, 3, r, kv]``: kind, then the r query heads of a kv head): the stock
+    softmax over keys ``[0, off]`` (``off = kv_len - 1``, the query's own position) and ``softmax(+-w)``
+    over the strictly-causal keys ``[0, off)``, each over its own maximum, are normalised and scaled by
+    ``[1, c, -c lam]`` (``c = rho / (1 + lam)``) in one pass; ``A = E_1 + E_2``. One matmul of the
+    ``[stock; A]`` rows against ``v`` gives the stock output and ``y_1 = A v`` (``v`` read once), and hop
+    ``h >= 2`` is one single-row matmul of A against the history ``y_{h-1}`` (read once). About 20 tensor
+    operations and no O(kv_len) copy (small-M matmuls cost about one row each: no spare rows are sent).
+
+    Parameters
+    ----------
+    q : ``[b, h, 1, d]``; k, v : ``[b, h_kv, kv_len, d]``
+    params : sgate CeqParams; sc : the logit scale
+    store : K-1 tensors ``[b, h, >= kv_len, dv]`` (rows ``[:off]`` read, row ``off`` written), as for
+        :func:`_hop_blocks`.
+    with_stock : also return the stock softmax attention of the row (else the stock kind is left out).
+
+    Returns
+    -------
+    ys : K tensors ``[b, h, 1, dv]`` (``y_1 .. y_K`` of the row; the first K-1 are views into ``store``)
+    out0 : ``[b, h, 1, dv]`` stock attention, or None
+    """
+    b, h, _, d = q.shape
+    hkv, e = k.shape[1], k.shape[2]
+    dv = v.shape[-1]
+    off = e - 1
+    r = h // hkv
+    c = params.rho / (1.0 + params.lam)
+    signs, scales = (1.0, 1.0, -1.0), (1.0, c, -c * params.lam)
+    if not with_stock:
+        signs, scales = signs[1:], scales[1:]
+    n = len(signs)  # kinds: [stock,] c P+ (becomes A), -c lam P-
+    ia = n - 2
+    w = torch.bmm((q * sc).view(b * hkv, r, d), k.reshape(b * hkv, e, d).transpose(1, 2))  # [b g, r, e]
+    big = torch.mul(w.view(b, hkv, 1, r, e), _row_constant(signs, w)[..., None])  # [b, g, n, r, e]
+    big[:, :, ia:, :, off:] = float("-inf")  # A's kinds: keys strictly before the query
+    big.sub_(big.amax(dim=-1, keepdim=True)).exp_()
+    big.mul_(big.sum(dim=-1, keepdim=True).reciprocal_().mul_(_row_constant(scales, w)[..., None]))
+    big[:, :, ia].add_(big[:, :, ia + 1])  # A = c P+ - c lam P- (0 at the query's own column)
+    y = torch.bmm(big.view(b * hkv, n * r, e)[:, :(ia + 1) * r], v.reshape(b * hkv, e, dv))
+    y = y.view(b, hkv, ia + 1, r, dv)
+    a = big[:, :, ia, :, :off].reshape(b * h, 1, off)  # A's rows per query head (one small copy)
+    ys = []
+    y_next = y[:, :, ia]  # [b, g, r, dv]
+    for t in store:  # y_{hh+1} = A y_hh over the earlier positions
+        t.view(b, hkv, r, t.shape[2], dv)[:, :, :, off] = y_next
+        ys.append(t[:, :, off:off + 1])
+        y_next = torch.bmm(a, t.reshape(b * h, t.shape[2], dv)[:, :off]).view(b, hkv, r, dv)
+    ys.append(y_next.reshape(b, h, 1, dv))
+    return ys, (y[:, :, 0].reshape(b, h, 1, dv) if with_stock else None)
+
+
+def _hops_inplace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bm: torch.Tensor | None, params: CeqParams,
+                  sc: float, store: list[torch.Tensor], chunk_size: int | None, stock: str | None,
+                  ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """Hop outputs of the query rows, extending a hop history held in capacity buffers in place.
+
+    ``store`` as for :func:`_hop_blocks` (K-1 buffers ``[b, h, cap >= kv_len, dv]``, rows ``[:off]`` the
+    history of the earlier positions; rows ``[off, kv_len)`` are written, nothing else is touched).
+    A single unmasked decoding query with the sgate operator takes :func:`_sgate_decode_row`.
+
+    Returns
+    -------
+    ys : K tensors ``[b, h, q_len, dv]`` (``y_1 .. y_K`` of the query rows; the first K-1 are views into
+        ``store``)
+    out0 : ``[b, h, q_len, dv]`` stock attention when ``stock`` is not None, else None
+    """
+    b, h, q_len, _ = q.shape
+    kv_len = k.shape[2]
+    dv = v.shape[-1]
+    off = kv_len - q_len
+    K = params.hops
+    if len(store) != K - 1 or any(t.shape[:2] != (b, h) or t.shape[2] < kv_len or t.shape[3] != dv for t in store):
+        raise InvalidInputError(f"the hop store must be {K - 1} tensors [{b}, {h}, >= {kv_len}, {dv}], got "
+                                f"{[tuple(t.shape) for t in store]}")
+    if q_len == 1 and off >= 1 and bm is None and params.operator == "sgate" and stock in (None, "causal"):
+        return _sgate_decode_row(q, k, v, params, sc, store, stock is not None)
+    last = q.new_empty(b, h, q_len, dv)
+    out0 = None if stock is None else q.new_empty(b, h, q_len, dv)
+    _hop_blocks(q, k, v, bm, params, sc, store, last, chunk_size, stock, out0)
+    return [t[:, :, off:kv_len] for t in store] + [last], out0
 
 
 class CeqHopsFunction(torch.autograd.Function):
@@ -613,8 +738,9 @@ def ceq_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
                   hops: int | None = None, rho: float | None = None, lam: float | None = None,
                   scaling: float | None = None, dropout: float = 0.0, training: bool = False,
                   return_weights: bool = False, is_causal: bool | None = None,
-                  chunk_size: int | None = DEFAULT_CHUNK, fuse_stock: bool = True, _history: list[torch.Tensor] | None = None,
-                  _sink: list[torch.Tensor] | None = None,
+                  chunk_size: int | None = DEFAULT_CHUNK, fuse_stock: bool = True,
+                  _history: list[torch.Tensor] | None = None, _sink: list[torch.Tensor] | None = None,
+                  _store: list[torch.Tensor] | None = None,
                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """ceq attention: ``hybrid`` (stock + sum_h (alpha A)^h v) or ``path_sum`` ((I + A + ... + A^K) v).
 
@@ -656,6 +782,11 @@ def ceq_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
         the SDPA stock path to rounding (not bitwise). Not used (SDPA is called) when alpha is 0 (float or
         tensor: the bitwise guarantee), with active dropout, for a non-causal module, or for a 4-D mask
         that shows future keys. False always calls SDPA.
+    _history, _sink : private (hop caches): ``y_1 .. y_{K-1}`` of the earlier positions ``[b, h, off, d]``;
+        a list that receives the K hop outputs ``[b, h, kv_len, d]``.
+    _store : private (hop caches), instead of ``_history`` / ``_sink``: K-1 capacity buffers
+        ``[b, h, cap >= kv_len, d]`` whose rows ``[:off]`` hold the history; the query rows' hop outputs
+        are written into rows ``[off, kv_len)`` in place (no copy of the history; see :func:`_hops_inplace`).
 
     Returns
     -------
@@ -680,7 +811,9 @@ def ceq_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     bm = to_bool_mask(mask, q_len, kv_len)  # validates the mask before any work
     off = kv_len - q_len
     skip_hops = form == "hybrid" and not isinstance(alpha, torch.Tensor) and float(alpha) == 0.0
-    if skip_hops and _sink is None:
+    if _store is not None and (_history is not None or _sink is not None):
+        raise InvalidInputError("pass either _store or _history / _sink, not both")
+    if skip_hops and _sink is None and _store is None:
         out = stock_attention(q, k, v, mask, scaling=scaling, dropout=dropout, training=training,
                               is_causal=is_causal)
     else:
@@ -689,11 +822,30 @@ def ceq_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
         if form == "hybrid" and fuse_stock and not alpha_zero and not (training and dropout > 0) \
                 and is_causal is not False:
             stock_mode = _fused_stock_mode(mask, bm, q_len, kv_len, q.device)
-        coef = _coef(alpha, form, params.hops, q)
+        # float coefficients on the in-place (decoding) path: no small tensors to build per call
+        coef = _coef(alpha, form, params.hops, q) if _store is None or isinstance(alpha, torch.Tensor) else None
         need_grad = torch.is_grad_enabled() and any(
-            t.requires_grad for t in (q, k, v, coef))
-        if need_grad:
+            t is not None and t.requires_grad for t in (q, k, v, coef))
+        if need_grad and _store is not None:  # autograd engine on views of the store, then written back
+            sink: list[torch.Tensor] = []
+            y = CeqHopsFunction.apply(q, k, v, coef if coef is not None else _coef(alpha, form, params.hops, q),
+                                      bm, params, sc, [t[:, :, :off] for t in _store], int(chunk_size), sink,
+                                      stock_mode)
+            for t, full in zip(_store, sink, strict=False):
+                t[:, :, off:kv_len] = full[:, :, off:]
+        elif need_grad:
             y = CeqHopsFunction.apply(q, k, v, coef, bm, params, sc, _history, int(chunk_size), _sink, stock_mode)
+        elif _store is not None:
+            ys, out0 = _hops_inplace(q, k, v, bm, params, sc, _store, int(chunk_size), stock_mode)
+            if coef is None:
+                cf = [1.0] * params.hops if form == "path_sum" else [float(alpha) ** i for i in range(1, params.hops + 1)]
+                y = torch.mul(ys[0], cf[0]) if out0 is None else out0.add_(ys[0], alpha=cf[0])
+                for i in range(1, params.hops):
+                    y.add_(ys[i], alpha=cf[i])
+            else:
+                y = sum(coef[i] * ys[i] for i in range(params.hops))
+                if out0 is not None:
+                    y = out0.add_(y)
         else:
             bufs, out0 = _hops_forward(q, k, v, bm, params, sc, _history, int(chunk_size), stock_mode)
             if _sink is not None:

@@ -8,7 +8,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from sv_attention.errors import HopCacheError, UnsupportedFeatureError
 from sv_attention.hf.attention import STATE_ATTR, ceq_attention_forward
-from sv_attention.ops.ceq import ceq_attention_reference, ceq_matrix
+from sv_attention.ops.ceq import ceq_attention, ceq_attention_reference, ceq_matrix
 
 
 class Cfg:
@@ -119,3 +119,67 @@ def test_output_attentions_returns_a_and_dropout_in_training():
     out_t, _ = ceq_attention_forward(mod, q, k, v, None, dropout=0.5)
     assert not torch.allclose(out_t, out)
     assert STATE_ATTR not in mod.__dict__  # no decoding state in training
+
+
+def _steps(mod, q, k, v, prefill, end, **kw):
+    outs = [ceq_attention_forward(mod, q[:, :, :prefill], k[:, :, :prefill], v[:, :, :prefill], None, **kw)[0]]
+    for t in range(prefill, end):
+        outs.append(ceq_attention_forward(mod, q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1], None, **kw)[0])
+    return torch.cat(outs, 1)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_unmasked_decode_equals_recomputation_across_regrowth_and_crop(dtype, tol, monkeypatch):
+    # transformers passes no mask when decoding one token with a DynamicCache: the single-row kernel
+    monkeypatch.setattr("sv_attention.ops.hop_cache.PREFILL_HEADROOM", 2)  # regrow the buffers on the way
+    q, k, v = (t.to(dtype) for t in qkv(q=20, kv=20, seed=6))
+    full, _ = ceq_attention_forward(Mod(alpha=0.3, hops=3), q, k, v, None, use_cache=False)
+    mod = Mod(alpha=0.3, hops=3)
+    assert (_steps(mod, q, k, v, 3, 20) - full).abs().max() <= tol
+    state = mod.__dict__[STATE_ATTR]
+    assert state.end - state.base == 20 and state.store[0].shape[2] >= 20
+    # a crop of the key cache (assisted decoding, DynamicCache.crop): the first 11 columns are reused
+    redo = [ceq_attention_forward(mod, q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1], None)[0]
+            for t in range(11, 20)]
+    assert (torch.cat(redo, 1) - full[:, 11:]).abs().max() <= tol
+
+
+def test_sliding_window_keeps_the_last_columns():
+    q, k, v = qkv(q=12, kv=12, seed=7)
+    mod = Mod(alpha=0.3, window=4)
+    ceq_attention_forward(mod, q[:, :, :8], k[:, :, :8], v[:, :, :8], None)
+    ref = Mod(alpha=0.3)
+    ceq_attention_forward(ref, q[:, :, :8], k[:, :, :8], v[:, :, :8], None)
+    # a window layer's cache hands back only its last columns; the history rows follow them
+    out, _ = ceq_attention_forward(mod, q[:, :, 8:9], k[:, :, 5:9], v[:, :, 5:9], None)
+    st = ref.__dict__[STATE_ATTR]
+    hist = st.store[0][:, :, st.base + 5:st.base + 8]
+    exp = ceq_attention(q[:, :, 8:9], k[:, :, 5:9], v[:, :, 5:9], None, alpha=0.3, _history=[hist])
+    assert torch.allclose(out, exp.transpose(1, 2), atol=1e-6)
+
+
+def test_steady_state_beam_reorder_and_other_conversation_detected():
+    q, k, v = qkv(b=3, q=9, kv=9, seed=8)
+    full, _ = ceq_attention_forward(Mod(alpha=0.3), q, k, v, None, use_cache=False)
+    mod = Mod(alpha=0.3)
+    _steps(mod, q, k, v, 4, 8)
+    perm = torch.tensor([2, 0, 0])  # reorder without telling the state: matched by the key fingerprint
+    out, _ = ceq_attention_forward(mod, q[perm][:, :, 8:], k[perm], v[perm], None)
+    assert torch.allclose(out, full[perm][:, 8:], atol=1e-5)
+    k2 = k.clone()
+    k2[:, :, 3, 0] += 1.0  # one cached key column edited in the middle: the full fingerprint catches it
+    with pytest.raises(HopCacheError, match="differ"):
+        ceq_attention_forward(mod, q[perm][:, :, 8:], k2[perm], v[perm], None)
+
+
+def test_decode_without_use_cache_leaves_the_state_intact():
+    q, k, v = qkv(q=10, kv=10, seed=9)
+    mod = Mod(alpha=0.3)
+    _steps(mod, q, k, v, 4, 8)
+    st = mod.__dict__[STATE_ATTR]
+    before = (st.base, st.end, st.store[0][:, :, st.base:st.end].clone())
+    # a one-off query on a shorter prefix (a crop) with use_cache=False must not clobber columns 6..7
+    ceq_attention_forward(mod, q[:, :, 6:7], k[:, :, :7], v[:, :, :7], None, use_cache=False)
+    st2 = mod.__dict__[STATE_ATTR]
+    assert st2 is st and (st.base, st.end) == before[:2]
+    assert torch.equal(st.store[0][:, :, st.base:st.end], before[2])
