@@ -29,7 +29,10 @@ training the custom autograd function :class:`CeqHopsFunction` saves only q, k, 
 
 Queries may be the last ``q_len`` positions of a longer key sequence (decoding): query row r sits at
 absolute position ``kv_len - q_len + r``. The hop history of earlier positions then comes from a
-:class:`sv_attention.ops.hop_cache.HopCache` (see :func:`sv_attention.ops.hop_cache.ceq_attention_cached`).
+:class:`sv_attention.ops.hop_cache.HopCache` (see :func:`sv_attention.ops.hop_cache.ceq_attention_cached`),
+whose capacity buffers the engine extends in place (:func:`_hops_inplace`: no copy of the history per
+token); a single unmasked decoding query with the sgate operator takes the row kernel
+:func:`_sgate_decode_row` (one logits row, one ``[stock; A] v`` matmul, one single-row matmul per hop).
 """
 
 from __future__ import annotations

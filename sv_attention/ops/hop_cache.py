@@ -53,11 +53,15 @@ def take_columns(bufs: list[torch.Tensor], start: int, live: int, need: int,
 def reserve_columns(bufs: list[torch.Tensor], start: int, live: int, need: int) -> tuple[list[torch.Tensor], int]:
     """Make columns ``[start, start + need)`` of the capacity buffers available (``need >= live``).
 
-    The buffers are returned unchanged while they are large enough; otherwise the live columns
-    ``[start, start + live)`` move to new buffers of capacity ``2 * need`` (:func:`take_columns`) and the
-    new start is 0. Returns ``(bufs, start)``.
+    The buffers are returned unchanged while they are large enough (and writable: inference-mode tensors
+    cannot be updated in place outside inference mode); otherwise the live columns ``[start, start + live)``
+    move to new buffers of capacity ``2 * need`` (:func:`take_columns`) and the new start is 0. Returns
+    ``(bufs, start)``.
     """
-    if not bufs or start + need <= bufs[0].shape[2]:
+    if not bufs:
+        return bufs, start
+    writable = not bufs[0].is_inference() or torch.is_inference_mode_enabled()
+    if writable and start + need <= bufs[0].shape[2]:
         return bufs, start
     return take_columns(bufs, start, live, need), 0
 

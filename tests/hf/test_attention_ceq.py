@@ -183,3 +183,15 @@ def test_decode_without_use_cache_leaves_the_state_intact():
     st2 = mod.__dict__[STATE_ATTR]
     assert st2 is st and (st.base, st.end) == before[:2]
     assert torch.equal(st.store[0][:, :, st.base:st.end], before[2])
+
+
+def test_prefill_in_inference_mode_then_decode_under_no_grad():
+    q, k, v = qkv(q=7, kv=7, seed=10)
+    full, _ = ceq_attention_forward(Mod(alpha=0.3), q, k, v, None, use_cache=False)
+    mod = Mod(alpha=0.3)
+    with torch.inference_mode():  # inference tensors cannot be extended in place outside this mode: copied
+        ceq_attention_forward(mod, q[:, :, :5], k[:, :, :5], v[:, :, :5], None)
+    with torch.no_grad():
+        out = torch.cat([ceq_attention_forward(mod, q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1], None)[0]
+                         for t in (5, 6)], 1)
+    assert torch.allclose(out, full[:, 5:], atol=1e-5)
