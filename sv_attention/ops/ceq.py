@@ -535,12 +535,31 @@ def _row_constant(values: tuple[float, ...], like: torch.Tensor) -> torch.Tensor
     return t
 
 
+_ROW_BIASES: dict[tuple, torch.Tensor] = {}
+
+
+def _row_bias(n: int, e: int, like: torch.Tensor) -> torch.Tensor:
+    """``[n, 1, e]``: 0, except ``-inf`` in the last column of the last two kinds (A's strict causality).
+
+    A view of a cached buffer whose ``-inf`` column is its last one, regrown (doubled) when ``e`` exceeds it.
+    """
+    key = (n, like.dtype, like.device)
+    t = _ROW_BIASES.get(key)
+    if t is None or t.shape[-1] < e:
+        if len(_ROW_BIASES) > 64:
+            _ROW_BIASES.clear()
+        t = torch.zeros(n, 1, max(2 * e, 256), dtype=like.dtype, device=like.device)
+        t[n - 2:, :, -1] = float("-inf")
+        _ROW_BIASES[key] = t
+    return t[..., t.shape[-1] - e:]
+
+
 def _sgate_decode_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: CeqParams, sc: float,
                       store: list[torch.Tensor], with_stock: bool) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """One decoding query (``q_len == 1``, no mask, ``kv_len >= 2``) of the sgate hop engine, in few kernels.
 
-    The same quantities as :func:`_hop_blocks` for that row, from one logits row ``w = (q sc) k^T`` stacked
-    as ``E = [w; w; -w]`` (``[b, h_kv, 3, r, kv]``: kind, then the r query heads of a kv head): the stock
+    The same quantities as :func:`_hop_blocks` for that row (to rounding: the scale multiplies ``q k^T``
+    here, ``q`` there), from one logits row ``w = sc q k^T`` stacked as ``E = [w; w; -w]`` (``[b, h_kv, 3, r, kv]``: kind, then the r query heads of a kv head): the stock
     softmax over keys ``[0, off]`` (``off = kv_len - 1``, the query's own position) and ``softmax(+-w)``
     over the strictly-causal keys ``[0, off)``, each over its own maximum, are normalised and scaled by
     ``[1, c, -c lam]`` (``c = rho / (1 + lam)``) in one pass; ``A = E_1 + E_2``. One matmul of the
@@ -567,14 +586,14 @@ def _sgate_decode_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params:
     off = e - 1
     r = h // hkv
     c = params.rho / (1.0 + params.lam)
-    signs, scales = (1.0, 1.0, -1.0), (1.0, c, -c * params.lam)
+    signs, scales = (sc, sc, -sc), (1.0, c, -c * params.lam)
     if not with_stock:
         signs, scales = signs[1:], scales[1:]
     n = len(signs)  # kinds: [stock,] c P+ (becomes A), -c lam P-
     ia = n - 2
-    w = torch.bmm((q * sc).view(b * hkv, r, d), k.reshape(b * hkv, e, d).transpose(1, 2))  # [b g, r, e]
-    big = torch.mul(w.view(b, hkv, 1, r, e), _row_constant(signs, w)[..., None])  # [b, g, n, r, e]
-    big[:, :, ia:, :, off:] = float("-inf")  # A's kinds: keys strictly before the query
+    w = torch.bmm(q.reshape(b * hkv, r, d), k.reshape(b * hkv, e, d).transpose(1, 2))  # [b g, r, e], unscaled
+    # [b, g, n, r, e]: +-sc w per kind, -inf on the query's own column for A's kinds (strict causality)
+    big = torch.addcmul(_row_bias(n, e, w), w.view(b, hkv, 1, r, e), _row_constant(signs, w)[..., None])
     big.sub_(big.amax(dim=-1, keepdim=True)).exp_()
     big.mul_(big.sum(dim=-1, keepdim=True).reciprocal_().mul_(_row_constant(scales, w)[..., None]))
     big[:, :, ia].add_(big[:, :, ia + 1])  # A = c P+ - c lam P- (0 at the query's own column)
