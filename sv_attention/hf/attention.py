@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from sv_attention.errors import HopCacheError, InvalidInputError, MaskError, UnsupportedFeatureError
 from sv_attention.hf.gate_handoff import GateHandoff, pop_pending_gate
+from sv_attention.hf.masked_sdpa import grouped_biased_sdpa
 from sv_attention.hf.settings import CEQ_NAME, SV_NAME, CeqSettings, SVSettings, settings_from_config
 from sv_attention.hf.sv_gate import GateState, causal_gate_bias, check_gqa, full_gate_bias, warn_once
 from sv_attention.ops.masking import to_bool_mask
@@ -132,22 +132,12 @@ def _fused_grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torc
                              bias: torch.Tensor | None, scaling: float) -> torch.Tensor:
     """:func:`_grouped_attention` without weights or dropout through ``scaled_dot_product_attention``.
 
-    One call per query head of each kv-head group, so the per-kv-head bias ``[b, g, q|1, kv]`` is used as
-    the float mask without repeating it per query head. fp32 / fp64 queries only (the bias is cast to the
-    query dtype). Returns ``out [b, h, q, d]``; rows with no visible key are 0.
+    :func:`sv_attention.hf.masked_sdpa.grouped_biased_sdpa`: the per-kv-head bias ``[b, g, q|1, kv]`` is the
+    float mask of one call per query head of each kv-head group and block of query rows, each block keeping
+    only the key columns its rows can see (about causal work). fp32 / fp64 queries only (the bias is cast
+    to the query dtype). Returns ``out [b, h, q, d]``; rows with no visible key are 0.
     """
-    b, h, q, d = query.shape
-    g = key.shape[1]
-    r = h // g
-    vis = visible[:, None]  # [b, 1, q, kv]
-    if bias is None:
-        mask = vis
-    else:
-        mask = bias.to(query.dtype).masked_fill(~vis, float("-inf"))
-    qg = query.view(b, g, r, q, d)
-    out = torch.stack([F.scaled_dot_product_attention(qg[:, :, i], key, value, attn_mask=mask, scale=scaling)
-                       for i in range(r)], 2).reshape(b, h, q, value.shape[-1])
-    return torch.where(torch.isnan(out), torch.zeros_like(out), out)
+    return grouped_biased_sdpa(query, key, value, visible, bias, scaling)
 
 
 def _handoff_bias(handoff: GateHandoff, visible: torch.Tensor, causal: bool, b: int, g: int, q_len: int,
