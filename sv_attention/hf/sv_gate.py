@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from sv_attention.errors import InvalidInputError
 from sv_attention.kernels import median_bandwidth, rbf_gram
+from sv_attention.svdd.warm_fit import fit_warm, fit_working_set
 from sv_attention.threads import torch_threads
 
 #: Counters of what the gate did in this process (fits, solver statuses, reuse); see :func:`gate_stats`.
@@ -149,48 +150,10 @@ def _fit(gram: torch.Tensor, mask: torch.Tensor, C: float, init: torch.Tensor | 
     return torch.where(mask, alpha, torch.zeros_like(alpha))
 
 
-#: Rounds of the working-set fit (solve on a subset, add the keys that violate the KKT conditions).
-WS_ROUNDS = 4
-#: A key outside the working set violates the KKT conditions when ``K_jj - 2 (K alpha)_j > rho + WS_TOL``.
-WS_TOL = 1e-6
-
-
 def _fit_working_set(gram: torch.Tensor, init: torch.Tensor, C: float, new: int) -> torch.Tensor:
-    """Warm fit of full problems ``gram [G, n, n]`` on a working set of keys (all keys valid).
-
-    The working set starts as the support of ``init [G, n]`` (the previous boundary's gate, zero on the
-    ``new`` last keys) plus the ``new`` keys; the problem restricted to it is solved (warm-started), then
-    every key outside it is checked against the KKT condition of a reserve key (``K_jj - 2 (K alpha)_j <=
-    rho``); violators join the set and the solve repeats. The restricted optimum that passes the check is
-    the optimum of the full problem (a convex QP), so this equals a full solve, at the cost of a few small
-    solves plus one ``n x |W|`` product per round. After :data:`WS_ROUNDS` rounds the full problem is
-    solved instead (counted as ``working_set_full``).
-    """
-    from sv_attention.svdd.polish import gather_rows
-
-    G, n, _ = gram.shape
-    dev = gram.device
-    inw = init > 0
-    inw[:, n - new:] = True
-    diag = torch.diagonal(gram, dim1=-2, dim2=-1)
-    for _ in range(WS_ROUNDS):
-        cnt = inw.sum(-1)
-        m = int(cnt.max())
-        order = torch.argsort((~inw).to(torch.int8), dim=-1, stable=True)[:, :m]  # set members, increasing
-        wmask = torch.arange(m, device=dev)[None, :] < cnt[:, None]
-        order = torch.where(wmask, order, torch.zeros_like(order))
-        rows = gather_rows(gram, order)  # [G, m, n]
-        sub = rows.gather(2, order[:, None, :].expand(G, m, m))
-        sol = _solve(sub, wmask, C, init=torch.where(wmask, init.gather(1, order), torch.zeros_like(sub[:, 0])))
-        aw = torch.where(wmask, sol.alpha.clamp_min(0.0), torch.zeros_like(sub[:, 0]))
-        h = diag - 2.0 * (aw[:, None, :] @ rows)[:, 0]  # [G, n]
-        viol = ~inw & (h > sol.rho.detach()[:, None] + WS_TOL)
-        if not bool(viol.any()):
-            return torch.zeros(G, n, dtype=gram.dtype, device=dev).scatter_add(1, order, aw)
-        _count("working_set_grown", int(viol.any(-1).sum()))
-        inw = inw | viol
-    _count("working_set_full", G)
-    return _fit(gram, torch.ones(G, n, dtype=torch.bool, device=dev), C, init=init)
+    """Warm fit on a working set of keys (:func:`sv_attention.svdd.warm_fit.fit_working_set` with the gate's
+    counting solve; all keys valid)."""
+    return fit_working_set(gram, init, C, new, solve=_solve, count=_count)
 
 
 #: FISTA / power iterations of a warm-started gate fit (the polish makes the found partition exact).
@@ -199,45 +162,19 @@ WARM_POWER_ITERS = 5
 #: Cold fits up to this many keys start the active-set steps from uniform alpha (every key on the margin)
 #: instead of running the FISTA finder; larger cold fits (a crop, a state reset) use ``solve_batched``.
 COLD_PDAS_MAX_KEYS = 256
-#: Primal-dual active-set steps of the direct warm fit before it hands over to the working-set fit.
-WARM_PDAS_STEPS = 10
 
 
 def _fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, stat: str = "warm_fits") -> torch.Tensor:
     """Warm fit of full problems ``gram [G, n, n]`` (all keys valid) straight from the previous partition.
 
-    The previous boundary's gate ``init [G, n]`` (zero on the ``new`` last keys) gives the starting
-    partition: margin ``0 < alpha < C``, error ``alpha = C``, every other key (the new ones included)
-    reserve. The primal-dual active-set iteration (:func:`sv_attention.svdd.polish.active_set_polish`:
-    one exact bordered solve on the margin block plus one pass over ``K`` per step) then moves every KKT
-    violator; a chunk of new keys usually settles in 2-4 steps. A problem whose partition is a KKT point
-    is returned as the exact optimum of that partition (ridge :data:`~sv_attention.svdd.polish.POLISH_RIDGE`,
-    the polish's own); problems that did not settle within :data:`WARM_PDAS_STEPS` steps are refitted by
-    :func:`_fit_working_set` (counted as ``warm_pdas_fallback``), so the result never depends on an
-    unconverged iterate. ``stat`` names the counter of this call (``warm_fits``; ``cold_pdas_fits`` for
-    a small first boundary started from uniform alpha).
+    :func:`sv_attention.svdd.warm_fit.fit_warm` with the gate's counting solve and :data:`STATS`: the
+    active-set steps from the partition of ``init [G, n]`` (the previous boundary's gate, zero on the ``new``
+    last keys), the exact optimum of a settled partition (ridge :data:`~sv_attention.svdd.polish.POLISH_RIDGE`),
+    and :func:`_fit_working_set` for the problems that did not settle (counted as ``warm_pdas_fallback``).
+    ``stat`` names the counter of this call (``warm_fits``; ``cold_pdas_fits`` for a small first boundary
+    started from uniform alpha).
     """
-    from sv_attention.svdd.polish import POLISH_RIDGE, active_set_polish, fixed_partition_solve
-
-    G, n, _ = gram.shape
-    dev, dt = gram.device, gram.dtype
-    Ct = torch.full((G,), float(C), dtype=dt, device=dev)
-    mask = torch.ones(G, n, dtype=torch.bool, device=dev)
-    at_c = init >= C * (1.0 - 1e-6)
-    margin, error = (init > 0) & ~at_c, at_c
-    tol = 64.0 * torch.finfo(dt).eps
-    pol = active_set_polish(gram, mask, margin, error, Ct, WARM_PDAS_STEPS, tol)
-    _count(stat)
-    _count("pdas_problems", G)
-    ok = pol.converged & (pol.violation <= 10.0 * tol)
-    sol = fixed_partition_solve(gram, mask, pol.margin, pol.error, Ct, POLISH_RIDGE)
-    alpha = sol.alpha.clamp_min(0.0)
-    ok = ok & sol.ok
-    if not bool(ok.all()):
-        bad = (~ok).nonzero().flatten()
-        _count("warm_pdas_fallback", len(bad))
-        alpha = alpha.index_copy(0, bad, _fit_working_set(gram[bad], init[bad], C, new))
-    return alpha
+    return fit_warm(gram, init, C, new, solve=_solve, count=_count, stat=stat)
 
 #: torch intra-op threads while the gate fits its boundaries on a CPU (None: leave torch's setting).
 #: The fits are chains of small operations (solves of a few hundred unknowns, row gathers) for which

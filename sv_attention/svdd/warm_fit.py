@@ -1,0 +1,213 @@
+"""Warm-started SVDD fits: the partition at a chunk boundary found from the solution at an earlier one.
+
+The chunk-frozen gate (DESIGN §2.5) solves the SVDD problem of the keys ``[0, s)`` at every boundary
+``s``. The problem at ``s`` is the one at an earlier boundary ``s' < s`` plus the keys ``[s', s)``, so
+its partition (margin ``S``: ``0 < alpha < C``, error ``E``: ``alpha = C``, reserve ``R``: ``alpha = 0``)
+is usually a few moves away from the earlier one. Starting the primal-dual active-set iteration
+(:func:`sv_attention.svdd.polish.active_set_polish`: one exact bordered solve on the margin block plus
+one pass over ``K`` per step) from the earlier partition, with the new keys in ``R``, settles a chunk of
+new keys in 2-4 steps; no FISTA finder runs.
+
+A partition is accepted only when it is a KKT point of the new problem within the polish tolerance
+(``converged`` and violation ``<= 10 tol``, the criterion of :func:`sv_attention.svdd.batched.solve_batched`'s
+``"ok"`` status). The primal-dual iteration can oscillate on clustered keys: such problems are *not*
+returned from an unconverged iterate but handed to a fallback chosen by the caller and counted
+(:func:`fit_warm`: the working-set fit :func:`fit_working_set`; the training path in
+:mod:`sv_attention.ops.causal`: the cold :func:`solve_batched`).
+
+Callers:
+
+* :mod:`sv_attention.hf.sv_gate` (the plug-in on a pretrained model, no gradient): :func:`fit_warm`
+  returns the exact optimum of the found partition (ridge :data:`~sv_attention.svdd.polish.POLISH_RIDGE`);
+* :mod:`sv_attention.ops.causal` (training, differentiable): :func:`warm_partition` gives the partition,
+  and the caller runs the same ridged differentiable bordered solve as its cold path, so gate and
+  gradients do not depend on whether the partition was found warm or cold.
+
+Counters: the functions take ``count(key, n)``, a callback that receives every event (``pdas_problems``,
+``warm_pdas_fallback``, ``working_set_grown``, ``working_set_full`` and the caller's ``stat``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: Primal-dual active-set steps of a warm fit before unsettled problems go to the fallback.
+WARM_PDAS_STEPS = 10
+#: Rounds of the working-set fit (solve on a subset, add the keys that violate the KKT conditions).
+WS_ROUNDS = 4
+#: A key outside the working set violates the KKT conditions when ``K_jj - 2 (K alpha)_j > rho + WS_TOL``.
+WS_TOL = 1e-6
+#: Acceptance of a partition: KKT violation at most this many times the polish tolerance.
+SETTLED_FACTOR = 10.0
+
+#: ``count(key, n)``: receives the events of a fit (see the module docstring).
+Counter = Callable[[str, int], None]
+#: ``solve(gram [G, m, m], mask [G, m], C, init [G, m] or None)`` -> a ``BatchedSolution``-like object
+#: with ``alpha`` and ``rho`` (the caller's counting wrapper of :func:`solve_batched`).
+Solver = Callable[..., Any]
+
+
+def _no_count(key: str, n: int = 1) -> None:
+    return None
+
+
+def polish_tol(dtype: torch.dtype) -> float:
+    """Tolerance of the active-set move rules, ``64 * finfo(dtype).eps`` (as :func:`solve_batched`)."""
+    return 64.0 * torch.finfo(dtype).eps
+
+
+def partition_from_alpha(alpha: torch.Tensor, C: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partition read off a gate ``alpha [G, n]``: margin ``0 < alpha < C``, error ``alpha >= C (1 - 1e-6)``.
+
+    Returns
+    -------
+    (margin, error) : bool Tensors ``[G, n]`` (every other key is reserve)
+    """
+    error = alpha >= C * (1.0 - 1e-6)
+    return (alpha > 0) & ~error, error
+
+
+def extend_partition(margin: torch.Tensor, error: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad a partition ``[G, n']`` of a shorter prefix to ``n`` keys; the new keys start in the reserve set."""
+    extra = n - margin.shape[-1]
+    if extra < 0:
+        raise ValueError(f"cannot extend a partition of {margin.shape[-1]} keys to {n}")
+    if extra == 0:
+        return margin, error
+    pad = torch.zeros(*margin.shape[:-1], extra, dtype=torch.bool, device=margin.device)
+    return torch.cat([margin, pad], dim=-1), torch.cat([error, pad], dim=-1)
+
+
+@dataclass
+class WarmPartition:
+    """Result of :func:`warm_partition`.
+
+    Attributes
+    ----------
+    margin, error : bool Tensor ``[G, n]``  best partition found per problem
+    settled : bool Tensor ``[G]``  the partition is a KKT point of the problem (within tolerance); only
+        these may be used, the others need the caller's fallback
+    violation : Tensor ``[G]``  KKT violation of the partition's exact solve
+    steps : int  active-set steps run
+    """
+
+    margin: torch.Tensor
+    error: torch.Tensor
+    settled: torch.Tensor
+    violation: torch.Tensor
+    steps: int
+
+
+def warm_partition(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor, error: torch.Tensor,
+                   C: float | torch.Tensor, steps: int | None = None, tol: float | None = None) -> WarmPartition:
+    """Partition of every problem by active-set steps from a starting partition (no autograd).
+
+    Parameters
+    ----------
+    gram : Tensor ``[G, n, n]``  RBF Grams (detached inside; entries of masked keys are ignored)
+    mask : bool Tensor ``[G, n]``  valid keys
+    margin, error : bool Tensor ``[G, n]``  starting partition, e.g. the previous boundary's padded by
+        :func:`extend_partition` (restricted to ``mask`` here)
+    C : float or Tensor ``[G]``  box
+    steps : int or None  maximum primal-dual steps (None: :data:`WARM_PDAS_STEPS`)
+    tol : float or None  move / convergence tolerance (None: :func:`polish_tol` of the Gram's dtype)
+
+    Returns
+    -------
+    WarmPartition
+    """
+    from sv_attention.svdd.polish import active_set_polish
+
+    G = gram.shape[0]
+    steps = WARM_PDAS_STEPS if steps is None else int(steps)
+    tol = polish_tol(gram.dtype) if tol is None else float(tol)
+    with torch.no_grad():
+        Ct = C.detach().to(gram.dtype) if isinstance(C, torch.Tensor) else \
+            torch.full((G,), float(C), dtype=gram.dtype, device=gram.device)
+        pol = active_set_polish(gram.detach(), mask, margin & mask, error & mask, Ct, steps, tol)
+    settled = pol.converged & (pol.violation <= SETTLED_FACTOR * tol)
+    return WarmPartition(margin=pol.margin, error=pol.error, settled=settled, violation=pol.violation,
+                         steps=pol.steps)
+
+
+def fit_working_set(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solve: Solver,
+                    count: Counter = _no_count) -> torch.Tensor:
+    """Warm fit of full problems ``gram [G, n, n]`` on a working set of keys (all keys valid; no autograd).
+
+    The working set starts as the support of ``init [G, n]`` (the previous boundary's gate, zero on the
+    ``new`` last keys) plus the ``new`` keys; the problem restricted to it is solved by ``solve``
+    (warm-started), then every key outside it is checked against the KKT condition of a reserve key
+    (``K_jj - 2 (K alpha)_j <= rho``); violators join the set and the solve repeats (counted as
+    ``working_set_grown``). The restricted optimum that passes the check is the optimum of the full
+    problem (a convex QP), so this equals a full solve, at the cost of a few small solves plus one
+    ``n x |W|`` product per round. After :data:`WS_ROUNDS` rounds the full problem is solved instead
+    (counted as ``working_set_full``).
+
+    Returns
+    -------
+    Tensor ``[G, n]``  alpha (``>= 0``)
+    """
+    from sv_attention.svdd.polish import gather_rows
+
+    G, n, _ = gram.shape
+    dev = gram.device
+    inw = init > 0
+    inw[:, n - new:] = True
+    diag = torch.diagonal(gram, dim1=-2, dim2=-1)
+    for _ in range(WS_ROUNDS):
+        cnt = inw.sum(-1)
+        m = int(cnt.max())
+        order = torch.argsort((~inw).to(torch.int8), dim=-1, stable=True)[:, :m]  # set members, increasing
+        wmask = torch.arange(m, device=dev)[None, :] < cnt[:, None]
+        order = torch.where(wmask, order, torch.zeros_like(order))
+        rows = gather_rows(gram, order)  # [G, m, n]
+        sub = rows.gather(2, order[:, None, :].expand(G, m, m))
+        sol = solve(sub, wmask, C, init=torch.where(wmask, init.gather(1, order), torch.zeros_like(sub[:, 0])))
+        aw = torch.where(wmask, sol.alpha.clamp_min(0.0), torch.zeros_like(sub[:, 0]))
+        h = diag - 2.0 * (aw[:, None, :] @ rows)[:, 0]  # [G, n]
+        viol = ~inw & (h > sol.rho.detach()[:, None] + WS_TOL)
+        if not bool(viol.any()):
+            return torch.zeros(G, n, dtype=gram.dtype, device=dev).scatter_add(1, order, aw)
+        count("working_set_grown", int(viol.any(-1).sum()))
+        inw = inw | viol
+    count("working_set_full", G)
+    return solve(gram, torch.ones(G, n, dtype=torch.bool, device=dev), C, init=init).alpha.clamp_min(0.0)
+
+
+def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solve: Solver,
+             count: Counter = _no_count, stat: str = "warm_fits") -> torch.Tensor:
+    """Warm fit of full problems ``gram [G, n, n]`` (all keys valid; no autograd) from a previous gate.
+
+    The previous boundary's gate ``init [G, n]`` (zero on the ``new`` last keys) gives the starting
+    partition (:func:`partition_from_alpha`); :func:`warm_partition` moves every KKT violator. A problem
+    whose partition settled is returned as the exact optimum of that partition (ridge
+    :data:`~sv_attention.svdd.polish.POLISH_RIDGE`, the polish's own); problems that did not settle
+    within :data:`WARM_PDAS_STEPS` steps, or whose solve needed the fallback ridge, are refitted by
+    :func:`fit_working_set` (counted as ``warm_pdas_fallback``), so the result never depends on an
+    unconverged iterate. ``stat`` names the counter of this call; ``pdas_problems`` counts the problems.
+
+    Returns
+    -------
+    Tensor ``[G, n]``  alpha (``>= 0``)
+    """
+    from sv_attention.svdd.polish import POLISH_RIDGE, fixed_partition_solve
+
+    G, n, _ = gram.shape
+    Ct = torch.full((G,), float(C), dtype=gram.dtype, device=gram.device)
+    mask = torch.ones(G, n, dtype=torch.bool, device=gram.device)
+    margin, error = partition_from_alpha(init, C)
+    wp = warm_partition(gram, mask, margin, error, Ct)
+    count(stat, 1)
+    count("pdas_problems", G)
+    sol = fixed_partition_solve(gram, mask, wp.margin, wp.error, Ct, POLISH_RIDGE)
+    alpha = sol.alpha.clamp_min(0.0)
+    ok = wp.settled & sol.ok
+    if not bool(ok.all()):
+        bad = (~ok).nonzero().flatten()
+        count("warm_pdas_fallback", len(bad))
+        alpha = alpha.index_copy(0, bad, fit_working_set(gram[bad], init[bad], C, new, solve=solve, count=count))
+    return alpha

@@ -1,0 +1,86 @@
+"""Warm-started SVDD fits (sv_attention.svdd.warm_fit): partitions from the previous boundary's."""
+
+import pytest
+import torch
+
+from sv_attention.kernels import median_bandwidth, rbf_gram
+from sv_attention.svdd.batched import solve_batched
+from sv_attention.svdd.polish import POLISH_RIDGE, fixed_partition_solve
+from sv_attention.svdd.warm_fit import (
+    extend_partition,
+    fit_warm,
+    fit_working_set,
+    partition_from_alpha,
+    warm_partition,
+)
+
+C = 1.0 / (0.3 * 32)
+
+
+def _gram(seed: int, G: int = 4, n: int = 128, d: int = 8) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    keys = torch.randn(G, n, d, generator=gen, dtype=torch.float64)
+    return rbf_gram(keys, sigma=median_bandwidth(keys)[:, None, None])
+
+
+def _solve(gram, mask, C, init=None):
+    kw = {} if init is None else {"init_alpha": init, "fista_iters": 10}
+    return solve_batched(gram, mask, C, check_inputs=False, ridge=POLISH_RIDGE, **kw)
+
+
+def test_extend_partition_puts_new_keys_in_reserve():
+    m = torch.tensor([[True, False]])
+    e = torch.tensor([[False, True]])
+    m2, e2 = extend_partition(m, e, 4)
+    assert m2.tolist() == [[True, False, False, False]] and e2.tolist() == [[False, True, False, False]]
+    with pytest.raises(ValueError):
+        extend_partition(m2, e2, 3)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_warm_partition_from_the_previous_boundary_is_the_optimal_partition(seed):
+    gram = _gram(seed)
+    G, n, _ = gram.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    prev = solve_batched(gram[:, :64, :64], mask[:, :64], C, ridge=0.0)
+    m0, e0 = extend_partition(prev.margin, prev.error, n)
+    wp = warm_partition(gram, mask, m0, e0, C)
+    assert wp.settled.all() and 0 < wp.steps <= 10
+    cold = solve_batched(gram, mask, C, ridge=0.0)
+    assert torch.equal(wp.margin, cold.margin) and torch.equal(wp.error, cold.error)
+    exact = fixed_partition_solve(gram, mask, wp.margin, wp.error, torch.full((G,), C, dtype=gram.dtype), 0.0)
+    assert torch.allclose(exact.alpha, cold.alpha, atol=1e-12)
+
+
+def test_unsettled_problems_are_flagged_not_returned_as_settled():
+    gram = _gram(2)
+    G, n, _ = gram.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    # start far from the optimum (every key reserve but one) with no step allowed: nothing can settle
+    margin = torch.zeros(G, n, dtype=torch.bool)
+    margin[:, 0] = True
+    wp = warm_partition(gram, mask, margin, torch.zeros_like(margin), C, steps=0)
+    assert not wp.settled.any()
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_fit_warm_and_working_set_equal_the_exact_cold_fit_and_count(seed):
+    gram = _gram(seed)
+    G, n, _ = gram.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    prev = solve_batched(gram[:, :96, :96], mask[:, :96], C, ridge=0.0).alpha.clamp_min(0.0)
+    init = torch.nn.functional.pad(prev, (0, 32))
+    margin, error = partition_from_alpha(init, C)
+    assert not (margin & error).any() and not (margin | error)[:, 96:].any()
+    stats: dict[str, int] = {}
+
+    def count(key: str, k: int = 1) -> None:
+        stats[key] = stats.get(key, 0) + k
+
+    warm = fit_warm(gram, init, C, 32, solve=_solve, count=count, stat="my_fits")
+    ws = fit_working_set(gram, init, C, 32, solve=_solve, count=count)
+    exact = solve_batched(gram, mask, C, ridge=0.0).alpha.clamp_min(0.0)
+    assert stats["my_fits"] == 1 and stats["pdas_problems"] == G
+    assert stats.get("working_set_full", 0) == 0
+    assert torch.allclose(warm, exact, atol=1e-5) and torch.allclose(ws, exact, atol=1e-5)
+    assert torch.allclose(warm.sum(-1), torch.ones(G, dtype=gram.dtype), atol=1e-10)
