@@ -15,7 +15,12 @@ share their kv-head's gate.
 
 Solvers: ``"batched"`` fits every needed boundary of every (batch, kv-head) with
 :func:`sv_attention.svdd.batched.solve_batched` (one call per boundary, all (batch, kv-head) problems of
-that boundary together: identical shapes in prefill and decode, so both compute the same gate);
+that boundary together: identical shapes in prefill and decode, so both compute the same gate); every
+boundary after the first starts warm (:data:`WARM_START`): its partition is found by active-set steps
+from the previous boundary's (:mod:`sv_attention.svdd.warm_fit`, no FISTA finder), then the same ridged
+differentiable solve as the cold path gives the gate, so gate and gradients equal the cold path's to
+solver tolerance; problems that do not settle fall back to ``solve_batched`` (counted in
+:attr:`BoundaryGates.fit_counts`);
 ``"exact"`` streams the keys of each (batch, kv-head) into an fp64
 :class:`sv_attention.svdd.IncrementalSVDD` across chunk boundaries (no gradient).
 
@@ -40,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from sv_attention.errors import (
@@ -94,6 +100,9 @@ class GateCache:
     status_counts : dict[str, int]  accumulated :attr:`BatchedSolution.counts` of every fit
     exact_solvers : list or None  ``IncrementalSVDD`` per (batch, kv-head), row-major
     exact_ingested : int  number of keys streamed into the exact solvers
+    partition : dict[int, tuple]  ``(margin, error, status, alpha)`` per fitted boundary (``[b * h_kv, s]``,
+        detached): warm start of later boundaries (batched solver)
+    fit_counts : dict[str, int]  accumulated :attr:`BoundaryGates.fit_counts`
     """
 
     alpha: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -106,6 +115,8 @@ class GateCache:
     status_counts: dict[str, int] = field(default_factory=dict)
     exact_solvers: list[Any] | None = None
     exact_ingested: int = 0
+    partition: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+    fit_counts: dict[str, int] = field(default_factory=dict)
 
     def reset(self) -> None:
         """Forget every boundary, the bandwidth and the exact solvers (start of a new sequence)."""
@@ -115,6 +126,7 @@ class GateCache:
         self.sigma = None
         self.exact_solvers = None
         self.exact_ingested = 0
+        self.partition.clear()
 
     def boundaries(self) -> list[int]:
         """Cached boundaries, ascending."""
@@ -148,12 +160,17 @@ class BoundaryGates:
     active : dict[int, bool Tensor ``[b, h_kv]``]  False = warm-up (the prefix is read ungated)
     sigma : Tensor ``[b, h_kv]``  bandwidth used
     status_counts : dict[str, int]  problems per solve status, summed over the fits done in this call
+    fit_counts : dict[str, int]  problems of the batched fits of this call by how they were fitted:
+        ``cold`` (:func:`solve_batched`), ``warm`` (partition from the previous boundary's),
+        ``warm_fallback`` (the warm start did not settle: :func:`solve_batched` from the previous gate),
+        ``warm_fallback_cold`` (of those, the ones that then needed the cold solve)
     """
 
     alpha: dict[int, torch.Tensor]
     active: dict[int, torch.Tensor]
     sigma: torch.Tensor
     status_counts: dict[str, int]
+    fit_counts: dict[str, int] = field(default_factory=dict)
 
 
 def _frozen_sigma(k: torch.Tensor, key_valid: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -187,24 +204,194 @@ def _gram(k: torch.Tensor, s: int, sigma: torch.Tensor, detach: bool) -> torch.T
         return rbf_gram(keys.reshape(b * hk, s, -1), sigma=sig.reshape(b * hk, 1, 1))
 
 
+#: Warm start of the training path: boundaries after the first find their partition by active-set steps
+#: from the previous boundary's partition (:func:`sv_attention.svdd.warm_fit.warm_partition`) instead of
+#: the cold FISTA finder; the final differentiable solve is the cold path's. False: every boundary cold.
+WARM_START = True
+#: Process-wide counters of the batched fits (see :func:`fit_stats`): ``warm`` / ``cold`` problems,
+#: ``warm_fallback`` / ``warm_fallback_cold`` (see :attr:`BoundaryGates.fit_counts`).
+FIT_STATS: dict[str, int] = {}
+
+
+def fit_stats() -> dict[str, int]:
+    """A copy of :data:`FIT_STATS` (problems fitted ``warm`` / ``cold``, ``warm_fallback``, ...)."""
+    return dict(FIT_STATS)
+
+
+#: ``(margin [G, s], error [G, s], status [G], alpha [G, s])`` of a boundary's fit (detached): the warm
+#: start of later boundaries.
+Partition = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+#: FISTA / power iterations of the fallback of unsettled warm problems: ``solve_batched`` started from the
+#: previous boundary's gate (padded with zeros) instead of from scratch; its polish makes the partition a
+#: KKT point as in the cold path (problems it leaves unconverged are solved cold).
+WARM_FALLBACK_FISTA_ITERS = 10
+WARM_FALLBACK_POWER_ITERS = 5
+
+
+@dataclass
+class _BatchedFit:
+    """One boundary's batched fit: the gate and, detached, the partition and statuses it ends with
+    (``[G, s]`` / ``[G]``, ``G = b * h_kv``), from which the next boundary starts warm."""
+
+    alpha: torch.Tensor
+    active: torch.Tensor
+    counts: dict[str, int]
+    margin: torch.Tensor
+    error: torch.Tensor
+    status: torch.Tensor
+    fit_counts: dict[str, int]
+
+    @property
+    def partition(self) -> Partition:
+        return self.margin, self.error, self.status, self.alpha.detach().reshape(self.margin.shape)
+
+
+def _cached_partition(cache: GateCache | None, s: int, G: int) -> Partition | None:
+    """The partition of the largest boundary ``< s`` held by ``cache`` for ``G`` problems (a warm start
+    only: a stale one costs active-set steps, never accuracy, as the result is checked), or None."""
+    if cache is None:
+        return None
+    olds = [t for t, part in cache.partition.items() if t < s and part[0].shape[0] == G]
+    return cache.partition[max(olds)] if olds else None
+
+
+def _solve_defaults(solve_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of the layer's :func:`solve_batched` calls (the cold path)."""
+    return {**LAYER_SOLVE_DEFAULTS, "check_inputs": False, **solve_kwargs}
+
+
+def _fit_cold(gram: torch.Tensor, mask: torch.Tensor, C: float, kwargs: dict[str, Any]) -> Any:
+    from sv_attention.svdd.batched import solve_batched
+
+    return solve_batched(gram, mask, C, **kwargs)
+
+
+def _final_ridge(kwargs: dict[str, Any]) -> float:
+    """Ridge of the cold path's differentiable solve (``solve_kwargs["ridge"]`` or solve_batched's default)."""
+    import inspect
+
+    from sv_attention.svdd.batched import solve_batched
+
+    return float(kwargs.get("ridge", inspect.signature(solve_batched).parameters["ridge"].default))
+
+
+def _fit_warm_rows(gram: torch.Tensor, mask: torch.Tensor, margin0: torch.Tensor, error0: torch.Tensor, C: float,
+                   kwargs: dict[str, Any]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Warm fit of problems ``gram [G, n, n]`` from a starting partition (the previous boundary's, padded).
+
+    The partition comes from :func:`~sv_attention.svdd.warm_fit.warm_partition` (no grad); the gate is
+    then the cold path's final solve on it: the bordered system of the gram with masked entries zeroed,
+    ridge ``kwargs["ridge"]`` (differentiable). Returns ``(solve, margin, error, settled [G])``; only the
+    settled problems are usable.
+    """
+    from sv_attention.svdd.polish import fixed_partition_solve
+    from sv_attention.svdd.warm_fit import warm_partition
+
+    G = gram.shape[0]
+    Ct = torch.full((G,), float(C), dtype=gram.dtype, device=gram.device)
+    with torch.profiler.record_function("sv.polish"):
+        wp = warm_partition(gram, mask, margin0, error0, Ct, tol=kwargs.get("tol"))
+    if not bool(mask.all()):
+        gram = torch.where(mask[:, :, None] & mask[:, None, :], gram, torch.zeros((), dtype=gram.dtype,
+                                                                                     device=gram.device))
+    with torch.profiler.record_function("sv.solve"):
+        sol = fixed_partition_solve(gram, mask, wp.margin, wp.error, Ct, _final_ridge(kwargs))
+    return sol, wp.margin, wp.error, wp.settled
+
+
 def _fit_batched(gram: torch.Tensor, key_valid: torch.Tensor, s: int, C: float, solve_kwargs: dict[str, Any],
-                 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
-    """Solve the boundary-``s`` problems of every (batch, kv-head) in one :func:`solve_batched` call, given
-    the Gram of a prefix ``>= s`` (its leading ``s x s`` block is the Gram of the keys ``[0, s)``).
+                 prev: Partition | None = None) -> _BatchedFit:
+    """Solve the boundary-``s`` problems of every (batch, kv-head), given the Gram of a prefix ``>= s`` (its
+    leading ``s x s`` block is the Gram of the keys ``[0, s)``).
+
+    Cold (``prev`` None, or problems whose previous fit was not ``"ok"``): one :func:`solve_batched` call
+    for the boundary (counted as ``cold``). Warm (:data:`WARM_START`, ``prev`` the :data:`Partition` of an
+    earlier boundary ``s' < s``): the partition is found by active-set steps from ``prev``'s with the new
+    keys in reserve (:func:`_fit_warm_rows`), then the same ridged differentiable solve as the cold path,
+    so the gate (and its gradient) equals the cold one to solver tolerance (counted as ``warm``). Problems
+    whose partition does not settle go to :func:`solve_batched` started from the previous gate
+    (:data:`WARM_FALLBACK_FISTA_ITERS`; counted as ``warm_fallback``), and those it leaves unconverged
+    to the cold call (``warm_fallback_cold``): no gate comes from an unconverged warm iterate.
 
     One call per boundary rather than all boundaries packed into one: packing pads every problem to the
     largest prefix, and measured here (``sv-attention bench step``) the padded solve was 3-10x slower
     than the separate ones, because its element-wise operations cross torch's parallel grain size and
-    pay for thread synchronisation on a shared CPU. Per-boundary calls also give prefill and decode
-    identical problem shapes, hence the same gate.
+    pay for thread synchronisation on a shared CPU.
     """
-    from sv_attention.svdd.batched import STATUS_OK, STATUS_WARMUP, solve_batched
+    from sv_attention.svdd.batched import (
+        STATUS_EMPTY_MARGIN,
+        STATUS_NAMES,
+        STATUS_OK,
+        STATUS_SOLVE_FALLBACK,
+        STATUS_WARMUP,
+    )
+    from sv_attention.svdd.warm_fit import extend_partition
 
     b, hk = key_valid.shape[:2]
-    mask = key_valid[:, :, :s].reshape(b * hk, s)
-    sol = solve_batched(gram[:, :s, :s], mask, C, **{**LAYER_SOLVE_DEFAULTS, "check_inputs": False, **solve_kwargs})
-    active = (sol.status == STATUS_OK) | (sol.status > STATUS_WARMUP + 1)  # ok, or solved with a caveat
-    return sol.alpha.reshape(b, hk, s), active.reshape(b, hk), dict(sol.counts)
+    G = b * hk
+    mask = key_valid[:, :, :s].reshape(G, s)
+    block = gram[:, :s, :s]
+    kwargs = _solve_defaults(solve_kwargs)
+    dev = gram.device
+    warm_rows = torch.zeros(G, dtype=torch.bool, device=dev)
+    if WARM_START and prev is not None and "init_alpha" not in kwargs:
+        # out of warm-up (hence feasible) now: a cached partition may come from another sequence
+        warm_rows = (prev[2] == STATUS_OK) & (mask.sum(-1) >= warmup_size(C))
+    fit_counts: dict[str, int] = {}
+    if not bool(warm_rows.any()):
+        sol = _fit_cold(block, mask, C, kwargs)
+        fit_counts["cold"] = G
+        alpha, status, margin, error, counts = sol.alpha, sol.status, sol.margin, sol.error, dict(sol.counts)
+    else:
+        iw = warm_rows.nonzero().flatten()
+        every = len(iw) == G
+        m0, e0 = extend_partition(prev[0], prev[1], s)
+
+        def rows(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+            return t if len(idx) == G else t[idx]
+
+        wsol, wm, we, settled = _fit_warm_rows(rows(block, iw), rows(mask, iw), rows(m0, iw), rows(e0, iw), C,
+                                               kwargs)
+        wstatus = torch.full((len(iw),), STATUS_OK, dtype=torch.int8, device=dev)
+        wstatus = torch.where(~wsol.ok, torch.full_like(wstatus, STATUS_SOLVE_FALLBACK), wstatus)
+        wstatus = torch.where(wsol.empty, torch.full_like(wstatus, STATUS_EMPTY_MARGIN), wstatus)
+        fit_counts["warm"] = int(settled.sum())
+        if every and bool(settled.all()):
+            alpha, status, margin, error = wsol.alpha, wstatus, wm, we
+        else:
+            # (rows, alpha, status, margin, error) of each group of problems
+            parts = [(iw[settled], wsol.alpha[settled], wstatus[settled], wm[settled], we[settled])]
+            cold_rows = ~warm_rows
+            fb = iw[~settled]
+            if len(fb):
+                a0 = F.pad(prev[3][fb], (0, s - prev[3].shape[-1]))
+                fsol = _fit_cold(block[fb], mask[fb], C, {**kwargs, "init_alpha": a0,
+                                                           "fista_iters": WARM_FALLBACK_FISTA_ITERS,
+                                                           "power_iters": WARM_FALLBACK_POWER_ITERS})
+                good = fsol.status == STATUS_OK
+                parts.append((fb[good], fsol.alpha[good], fsol.status[good], fsol.margin[good], fsol.error[good]))
+                cold_rows[fb[~good]] = True
+                fit_counts["warm_fallback"] = len(fb)
+                fit_counts["warm_fallback_cold"] = int((~good).sum())
+            ic = cold_rows.nonzero().flatten()
+            if len(ic):
+                csol = _fit_cold(block[ic], mask[ic], C, kwargs)
+                parts.append((ic, csol.alpha, csol.status, csol.margin, csol.error))
+            fit_counts["cold"] = int((~warm_rows).sum())
+            alpha = torch.zeros(G, s, dtype=gram.dtype, device=dev)
+            status = torch.empty(G, dtype=torch.int8, device=dev)
+            margin = torch.zeros(G, s, dtype=torch.bool, device=dev)
+            error = torch.zeros(G, s, dtype=torch.bool, device=dev)
+            for idx, pa, ps, pm, pe in parts:
+                alpha = alpha.index_copy(0, idx, pa)
+                status, margin, error = status.index_copy(0, idx, ps), margin.index_copy(0, idx, pm), \
+                    error.index_copy(0, idx, pe)
+        counts = {name: int((status == code).sum()) for code, name in STATUS_NAMES.items()}
+    fit_counts = {key: val for key, val in fit_counts.items() if val}
+    _accumulate(FIT_STATS, fit_counts)
+    active = (status == STATUS_OK) | (status > STATUS_WARMUP + 1)  # ok, or solved with a caveat
+    return _BatchedFit(alpha=alpha.reshape(b, hk, s), active=active.reshape(b, hk), counts=counts,
+                       margin=margin.detach(), error=error.detach(), status=status, fit_counts=fit_counts)
 
 
 def _fit_exact(k: torch.Tensor, key_valid: torch.Tensor, s: int, C: float, sigma: torch.Tensor,
@@ -280,6 +467,7 @@ def compute_boundary_gates(k: torch.Tensor, boundaries: list[int], *, C: float,
     alpha: dict[int, torch.Tensor] = {}
     active: dict[int, torch.Tensor] = {}
     counts: dict[str, int] = {}
+    fit_counts: dict[str, int] = {}
     todo = sorted(set(int(x) for x in boundaries))
     fits: list[tuple[int, Any]] = []  # (s, fingerprint) of the boundaries that need fitting
     for s in todo:
@@ -305,8 +493,15 @@ def compute_boundary_gates(k: torch.Tensor, boundaries: list[int], *, C: float,
                               torch.zeros(b, hk, dtype=torch.bool, device=k.device), {"warm-up": b * hk})
         if live:
             gram = _gram(k, live[-1], sig, detach)  # one Gram; each boundary uses its leading block
+            prev = _cached_partition(cache, live[0], b * hk)  # warm start of the first (decoding)
             for s in live:
-                results[s] = _fit_batched(gram, key_valid, s, C, solve_kwargs)
+                fit = _fit_batched(gram, key_valid, s, C, solve_kwargs, prev)
+                results[s] = (fit.alpha, fit.active, fit.counts)
+                _accumulate(fit_counts, fit.fit_counts)
+                if cache is not None:
+                    cache.partition[s] = fit.partition
+                    _accumulate(cache.fit_counts, fit.fit_counts)
+                prev = fit.partition
     for s, fp in fits:
         a, act, new_counts = results[s]
         act = act & (key_valid[:, :, :s].sum(-1) >= ws)
@@ -322,7 +517,7 @@ def compute_boundary_gates(k: torch.Tensor, boundaries: list[int], *, C: float,
     if bad:
         warnings.warn(f"SV gate: some batched solves carry a caveat {bad}; their best partition is used",
                       RuntimeWarning, stacklevel=2)
-    return BoundaryGates(alpha=alpha, active=active, sigma=sig, status_counts=counts)
+    return BoundaryGates(alpha=alpha, active=active, sigma=sig, status_counts=counts, fit_counts=fit_counts)
 
 
 # ----------------------------------------------------------------------------- the functional layer
@@ -572,6 +767,8 @@ class CausalSVAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)
         self.o_proj = nn.Linear(d_model, d_model, bias=bias)
         self.last_status_counts: dict[str, int] = {}
+        #: :attr:`GateCache.fit_counts` of the last forward (problems fitted cold / warm / warm_fallback)
+        self.last_fit_counts: dict[str, int] = {}
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, C={self.C:.4g}, chunk={self.chunk}, "
@@ -605,4 +802,5 @@ class CausalSVAttention(nn.Module):
                                      solve_kwargs=self.solve_kwargs)
         gates_counts = dict(cache.status_counts)
         self.last_status_counts = gates_counts
+        self.last_fit_counts = dict(cache.fit_counts)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.d_model))
