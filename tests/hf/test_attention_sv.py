@@ -184,6 +184,11 @@ def test_positions_from_mask():
     assert valid.tolist() == [[False, False, True, True, True]]
     assert kpos.tolist() == [[-1, -1, 0, 1, 2]]
     assert qpos.tolist() == [[-1, -1, 0, 1, 2]]
+    expanded = causal(1, 5, 5).expand(3, 5, 5)  # a stride-0 batch, as the attention functions pass it
+    valid, kpos, qpos = positions_from_mask(expanded)
+    assert valid.all() and kpos.tolist() == [[0, 1, 2, 3, 4]] * 3 and qpos.tolist() == [[0, 1, 2, 3, 4]] * 3
+    valid, kpos, qpos = positions_from_mask(torch.zeros(2, 0, 4, dtype=torch.bool))  # no query rows
+    assert not valid.any() and (kpos == -1).all() and qpos.shape == (2, 0)
 
 
 def test_decode_state_equals_prefill_and_detects_changes():
