@@ -84,3 +84,29 @@ def test_fit_warm_and_working_set_equal_the_exact_cold_fit_and_count(seed):
     assert stats.get("working_set_full", 0) == 0
     assert torch.allclose(warm, exact, atol=1e-5) and torch.allclose(ws, exact, atol=1e-5)
     assert torch.allclose(warm.sum(-1), torch.ones(G, dtype=gram.dtype), atol=1e-10)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_active_set_fit_equals_the_polish_and_the_exact_solve(seed):
+    """The lean active-set iteration lands on the partition and the exact optimum of the general polish."""
+    from sv_attention.svdd.polish import POLISH_RIDGE, active_set_polish, fixed_partition_solve
+    from sv_attention.svdd.warm_fit import active_set_fit
+
+    gen = torch.Generator().manual_seed(seed)
+    keys = torch.randn(3, 96, 6, generator=gen, dtype=torch.float64)
+    gram = rbf_gram(keys, sigma=median_bandwidth(keys)[:, None, None])
+    C = 1.0 / (0.3 * 32)
+    mask = torch.ones(3, 96, dtype=torch.bool)
+    mask[1, 80:] = False  # a shorter problem: its padded keys never enter
+    uniform = torch.where(mask, 1.0 / mask.sum(-1, keepdim=True), torch.zeros(3, 96, dtype=torch.float64))
+    start_m, start_e = uniform > 0, torch.zeros_like(mask)
+    fit = active_set_fit(gram, mask, start_m, start_e, C, 40, 1e-12, POLISH_RIDGE)
+    assert fit.settled.all() and (fit.violation <= 1e-10).all()
+    assert not (fit.margin | fit.error)[1, 80:].any()
+    Ct = torch.full((3,), C, dtype=torch.float64)
+    pol = active_set_polish(gram, mask, start_m, start_e, Ct, 40, 1e-12)
+    assert torch.equal(fit.margin, pol.margin) and torch.equal(fit.error, pol.error)
+    exact = fixed_partition_solve(gram, mask, fit.margin, fit.error, Ct, POLISH_RIDGE)
+    assert torch.allclose(fit.alpha, exact.alpha, atol=1e-12)
+    assert torch.allclose(fit.rho, exact.rho, atol=1e-12)
+    assert torch.allclose(fit.alpha.sum(-1), torch.ones(3, dtype=torch.float64), atol=1e-10)
