@@ -37,7 +37,14 @@ from sv_attention.errors import HopCacheError, InvalidInputError, MaskError, Uns
 from sv_attention.hf.gate_handoff import GateHandoff, pop_pending_gate
 from sv_attention.hf.masked_sdpa import grouped_biased_sdpa
 from sv_attention.hf.settings import CEQ_NAME, SV_NAME, CeqSettings, SVSettings, settings_from_config
-from sv_attention.hf.sv_gate import GateState, causal_gate_bias, check_gqa, full_gate_bias, warn_once
+from sv_attention.hf.sv_gate import (
+    GateBias,
+    GateState,
+    causal_gate_bias,
+    check_gqa,
+    full_gate_bias,
+    warn_once,
+)
 from sv_attention.ops.masking import to_bool_mask
 
 STATE_ATTR = "_sv_attention_state"
@@ -129,7 +136,7 @@ def _grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
 
 
 def _fused_grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
-                             bias: torch.Tensor | None, scaling: float) -> torch.Tensor:
+                             bias: torch.Tensor | GateBias | None, scaling: float) -> torch.Tensor:
     """:func:`_grouped_attention` without weights or dropout through ``scaled_dot_product_attention``.
 
     :func:`sv_attention.hf.masked_sdpa.grouped_biased_sdpa`: the per-kv-head bias ``[b, g, q|1, kv]`` is the
@@ -233,7 +240,8 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     if (bias is None or kwargs.get("output_attentions") or float(dropout) > 0.0
             or query.dtype not in (torch.float32, torch.float64)):
         # no gate (gate off, warm-up, chunk 0): the eager computation, so it matches eager attention exactly
-        out, weights = _grouped_attention(query, key, value, visible, bias, sc, float(dropout))
+        dense = bias.dense() if isinstance(bias, GateBias) else bias
+        out, weights = _grouped_attention(query, key, value, visible, dense, sc, float(dropout))
     else:  # a gate: the fused kernel, equal to _grouped_attention to fp32 rounding (tested)
         out, weights = _fused_grouped_attention(query, key, value, visible, bias, sc), None
     out = out.transpose(1, 2).contiguous()

@@ -9,6 +9,8 @@ amount of work; columns cut away are exactly the ones masked to ``-inf`` (weight
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -17,7 +19,7 @@ ROW_BLOCK = 128
 
 
 def grouped_biased_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
-                        bias: torch.Tensor | None, scaling: float, row_block: int = ROW_BLOCK) -> torch.Tensor:
+                        bias: Any, scaling: float, row_block: int = ROW_BLOCK) -> torch.Tensor:
     """Masked softmax attention with an optional additive per-kv-head bias (no weights, no dropout).
 
     Parameters
@@ -25,7 +27,9 @@ def grouped_biased_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     query : Tensor ``[b, h, q, d]`` (fp32 / fp64)
     key, value : Tensor ``[b, g, kv, d]`` and ``[b, g, kv, dv]`` with ``h % g == 0`` (GQA by shape)
     visible : bool Tensor ``[b, q, kv]``  True where the query row may attend the key column
-    bias : Tensor ``[b, g, q | 1, kv]`` or None  added to the scaled logits (cast to the query dtype)
+    bias : Tensor ``[b, g, q | 1, kv]``, an object with ``rows(r0, r1, end) -> [b, g, r1 - r0, end]`` (the
+        factored :class:`sv_attention.hf.sv_gate.GateBias`), or None; added to the scaled logits (cast to
+        the query dtype)
     scaling : float  logit scale
     row_block : int  query rows per call (each call keeps the key columns up to its last visible one)
 
@@ -47,7 +51,10 @@ def grouped_biased_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         if bias is None:
             mask = vis
         else:
-            bb = bias[:, :, r0:r1, :end] if bias.shape[2] == q else bias[:, :, :, :end]
+            if isinstance(bias, torch.Tensor):
+                bb = bias[:, :, r0:r1, :end] if bias.shape[2] == q else bias[:, :, :, :end]
+            else:  # a factored bias (sv_gate.GateBias): only this block's visible columns are built
+                bb = bias.rows(r0, r1, end)
             mask = bb.to(query.dtype).masked_fill(~vis, float("-inf"))
         k_blk, v_blk = key[:, :, :end], value[:, :, :end]
         outs.append(torch.stack([F.scaled_dot_product_attention(qg[:, :, i, r0:r1], k_blk, v_blk, attn_mask=mask,

@@ -82,6 +82,44 @@ class GateState:
     done: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
+@dataclass
+class GateBias:
+    """The log-gate bias ``[b, g, q, kv]`` of a causal layer, kept factored (it is never needed whole by
+    the fused readout, which reads it block by block and only up to each block's last visible column).
+
+    ``bias[b, g, r, j] = log_table[b, g, slot[b, r], key_position[b, j]]``.
+
+    Attributes
+    ----------
+    log_table : Tensor ``[b, g, S + 1, P]``  log alpha by (boundary slot, key position); slot ``S`` is
+        "ungated" (all 0)
+    slot : long Tensor ``[b, q]``  the boundary slot each query reads
+    key_position : long Tensor ``[b, kv]``  position of each key column (0 for invalid columns, which the
+        visibility mask hides anyway)
+    """
+
+    log_table: torch.Tensor
+    slot: torch.Tensor
+    key_position: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        b, g = self.log_table.shape[:2]
+        return torch.Size((b, g, self.slot.shape[1], self.key_position.shape[1]))
+
+    def rows(self, r0: int, r1: int, end: int) -> torch.Tensor:
+        """``bias[:, :, r0:r1, :end]`` as a new tensor ``[b, g, r1 - r0, end]``."""
+        b, g, slots, P = self.log_table.shape
+        lin = self.slot[:, r0:r1, None] * P + self.key_position[:, None, :end]  # [b, rows, end]
+        n = lin.shape[1] * lin.shape[2]
+        flat = self.log_table.reshape(b, g, slots * P)
+        return torch.gather(flat, 2, lin.reshape(b, 1, n).expand(b, g, n)).reshape(b, g, r1 - r0, end)
+
+    def dense(self) -> torch.Tensor:
+        """The whole bias ``[b, g, q, kv]``."""
+        return self.rows(0, self.slot.shape[1], self.key_position.shape[1])
+
+
 def positions_from_mask(visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Key validity and real positions of keys and queries from a visibility mask.
 
@@ -210,7 +248,7 @@ def _check_state(state: GateState | None, key: torch.Tensor, q_len: int) -> Gate
 
 def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warmup: int, chunk: int,
                      sigma: float | None, state: GateState | None = None, keep_state: bool = False,
-                     ) -> tuple[torch.Tensor | None, GateState | None]:
+                     ) -> tuple[GateBias | None, GateState | None]:
     """Log-gate bias of a causal layer.
 
     Parameters
@@ -226,7 +264,7 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
 
     Returns
     -------
-    bias : Tensor ``[b, g, q, kv]`` (``log alpha`` on the gated prefix, ``-inf`` on reserve keys, 0
+    bias : GateBias ``[b, g, q, kv]`` (``log alpha`` on the gated prefix, ``-inf`` on reserve keys, 0
         elsewhere) or None when no query of the call is past its first active boundary.
     state : GateState or None
     """
@@ -335,9 +373,7 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
     for i, s in enumerate(bounds):
         slot = torch.where(active & (bnd == s), torch.full_like(slot, i), slot)
     kp = kpos.clamp_min(0)  # invalid keys are masked by `visible` anyway
-    flat = torch.log(table).reshape(b, g, (S + 1) * P)  # log on the small table, not on [b, g, q, kv]
-    lin = slot[:, :, None] * P + kp[:, None, :]  # [b, q, kv]
-    bias = torch.gather(flat, 2, lin.reshape(b, 1, q * kv).expand(b, g, q * kv)).reshape(b, g, q, kv)
+    bias = GateBias(log_table=torch.log(table), slot=slot, key_position=kp)  # log on the small table
     if keep_state:
         state = _new_state(state, key, True, sig)
         # later queries of a sequence only read its current boundary or later ones: drop older gates, so the

@@ -41,3 +41,25 @@ def test_row_blocks_equal_the_eager_reference(row_block, bias_rows):
     assert torch.isfinite(out).all()
     assert torch.allclose(out, ref, atol=1e-12)
     assert (out[1, :, 0] == 0).all()
+
+
+def test_a_factored_gate_bias_gives_the_dense_result():
+    """grouped_biased_sdpa reads a GateBias block by block exactly as the dense bias it stands for."""
+    from sv_attention.hf.sv_gate import GateBias
+
+    gen = torch.Generator().manual_seed(7)
+    b, h, g, q, d = 2, 4, 2, 12, 3
+    table = torch.log(torch.rand(b, g, 3, q, generator=gen, dtype=torch.float64))
+    table[:, :, 2] = 0.0  # the "ungated" slot
+    table[0, 1, 0, 4] = float("-inf")  # a reserve key
+    gb = GateBias(log_table=table, slot=torch.randint(0, 3, (b, q), generator=gen),
+                  key_position=torch.arange(q).expand(b, q).contiguous())
+    dense = gb.dense()
+    assert dense.shape == gb.shape == (b, g, q, q)
+    assert torch.equal(gb.rows(3, 7, 5), dense[:, :, 3:7, :5])
+    query = torch.randn(b, h, q, d, generator=gen, dtype=torch.float64)
+    key = torch.randn(b, g, q, d, generator=gen, dtype=torch.float64)
+    value = torch.randn(b, g, q, d, generator=gen, dtype=torch.float64)
+    visible = torch.ones(q, q, dtype=torch.bool).tril().expand(b, q, q)
+    out = grouped_biased_sdpa(query, key, value, visible, gb, 0.5, row_block=5)
+    assert torch.allclose(out, plain(query, key, value, visible, dense, 0.5), atol=1e-12)
