@@ -127,7 +127,7 @@ class ActiveSetFit:
 
 
 def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor, error: torch.Tensor, C: float,
-                   steps: int, tol: float, ridge: float) -> ActiveSetFit:
+                   steps: int, tol: float, ridge: float, start_alpha: torch.Tensor | None = None) -> ActiveSetFit:
     """Primal-dual active-set iteration from a starting partition, lean (no autograd).
 
     Each step solves every problem's bordered KKT system for its partition (compacted margin block, ridge
@@ -148,6 +148,11 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
     steps : int  maximum number of moves (solves = moves + 1)
     tol : float  move tolerance
     ridge : float  added to the diagonal of ``2 K_SS``
+    start_alpha : Tensor ``[G, n]`` or None
+        The exact solution of the starting partition when the caller has it (the previous boundary's gate,
+        zero on the new keys: the same bordered system, since the Grams agree on the old keys). The first
+        step then reads its gradient off it instead of solving (``rho`` = the mean of
+        ``K_ii - 2 (K alpha)_i`` over the margin keys, equal on all of them at the solution).
 
     Returns
     -------
@@ -167,21 +172,29 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
         order = torch.argsort((~margin).to(torch.int8), dim=-1, stable=True)[:, :m]
         vcf = (slots[:m][None, :] < ns[:, None]).to(dt)
         rows = gather_rows(gram, order)  # [G, m, n]
-        A = gram.new_zeros(G, m + 1, m + 1)
-        blk = A[:, 1:, 1:]
-        torch.mul(rows.gather(2, order[:, None, :].expand(G, m, m)), 2.0 * vcf[:, :, None] * vcf[:, None, :], out=blk)
-        blk.diagonal(dim1=-2, dim2=-1).add_(1.0 - vcf + ridge * vcf)
-        A[:, 0, 1:] = vcf
-        A[:, 1:, 0] = vcf
-        A[:, 0, 0] = (ns == 0).to(dt)  # keeps an empty margin block regular (such a problem is unsettled)
         ef = error.to(dt)
         kef = _gram_times_indicator(gram, error, ef)
-        b = torch.cat([(1.0 - C * ef.sum(-1))[:, None], (diag - 2.0 * C * kef).gather(1, order) * vcf], dim=1)
-        u, info = torch.linalg.solve_ex(A, b[..., None], check_errors=False)
-        u = u[..., 0]
-        alpha_c = u[:, 1:] * vcf
-        rho = u[:, 0]
-        g = rho[:, None] - diag + 2.0 * ((alpha_c[:, None, :] @ rows)[:, 0] + C * kef)
+        if run == 0 and start_alpha is not None:  # the starting partition's solution is known: no solve
+            alpha_c = start_alpha.to(dt).gather(1, order) * vcf
+            h = diag - 2.0 * ((alpha_c[:, None, :] @ rows)[:, 0] + C * kef)
+            rho = (h * margin.to(dt)).sum(-1) / ns.clamp_min(1).to(dt)
+            u, info = torch.cat([rho[:, None], alpha_c], dim=1), torch.zeros_like(ns)
+            g = rho[:, None] - h
+        else:
+            A = gram.new_zeros(G, m + 1, m + 1)
+            blk = A[:, 1:, 1:]
+            torch.mul(rows.gather(2, order[:, None, :].expand(G, m, m)), 2.0 * vcf[:, :, None] * vcf[:, None, :],
+                      out=blk)
+            blk.diagonal(dim1=-2, dim2=-1).add_(1.0 - vcf + ridge * vcf)
+            A[:, 0, 1:] = vcf
+            A[:, 1:, 0] = vcf
+            A[:, 0, 0] = (ns == 0).to(dt)  # keeps an empty margin block regular (such a problem is unsettled)
+            b = torch.cat([(1.0 - C * ef.sum(-1))[:, None], (diag - 2.0 * C * kef).gather(1, order) * vcf], dim=1)
+            u, info = torch.linalg.solve_ex(A, b[..., None], check_errors=False)
+            u = u[..., 0]
+            alpha_c = u[:, 1:] * vcf
+            rho = u[:, 0]
+            g = rho[:, None] - diag + 2.0 * ((alpha_c[:, None, :] @ rows)[:, 0] + C * kef)
         a_margin = torch.zeros(G, n, dtype=dt, device=dev).scatter_add_(1, order, alpha_c)
         to_r = margin & (a_margin < -tol * C)
         to_e = margin & (a_margin > C * (1.0 + tol))
@@ -303,7 +316,9 @@ def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solv
     mask = torch.ones(G, n, dtype=torch.bool, device=gram.device)
     margin, error = partition_from_alpha(init, C)
     tol = polish_tol(gram.dtype)
-    fit = active_set_fit(gram, mask, margin, error, float(C), WARM_PDAS_STEPS, tol, POLISH_RIDGE)
+    # a warm start (new > 0) is the previous boundary's exact solution: its first step needs no solve
+    fit = active_set_fit(gram, mask, margin, error, float(C), WARM_PDAS_STEPS, tol, POLISH_RIDGE,
+                         start_alpha=init if new > 0 else None)
     count(stat, 1)
     count("pdas_problems", G)
     alpha = fit.alpha.clamp_min(0.0)
