@@ -114,7 +114,7 @@ class ActiveSetFit:
     settled : bool Tensor ``[G]``  no key violates the KKT conditions by more than ``tol`` (the move
         rules found nothing to move), the margin set is not empty and the solve was regular
     violation : Tensor ``[G]``  largest KKT violation of ``alpha`` (:func:`~sv_attention.svdd.polish.kkt_violation`)
-    steps : int  solves run
+    steps : int  bordered solves run
     """
 
     alpha: torch.Tensor
@@ -165,7 +165,7 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
     diag = torch.diagonal(gram, dim1=-2, dim2=-1)
     margin, error = margin & mask, error & mask
     slots = torch.arange(n, device=dev)
-    run = 0
+    run = solves = 0
     while True:
         ns = margin.sum(-1)
         m = max(int(ns.max()), 1)
@@ -191,6 +191,7 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
             A[:, 0, 0] = (ns == 0).to(dt)  # keeps an empty margin block regular (such a problem is unsettled)
             b = torch.cat([(1.0 - C * ef.sum(-1))[:, None], (diag - 2.0 * C * kef).gather(1, order) * vcf], dim=1)
             u, info = torch.linalg.solve_ex(A, b[..., None], check_errors=False)
+            solves += 1
             u = u[..., 0]
             alpha_c = u[:, 1:] * vcf
             rho = u[:, 0]
@@ -211,7 +212,7 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
     Ct = torch.full((G,), float(C), dtype=dt, device=dev)
     violation = kkt_violation(alpha, g, mask, margin, error, Ct)
     return ActiveSetFit(alpha=alpha, rho=rho, margin=margin, error=error, settled=settled, violation=violation,
-                        steps=run + 1)
+                        steps=solves)
 
 
 def warm_partition(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor, error: torch.Tensor,

@@ -110,3 +110,25 @@ def test_active_set_fit_equals_the_polish_and_the_exact_solve(seed):
     assert torch.allclose(fit.alpha, exact.alpha, atol=1e-12)
     assert torch.allclose(fit.rho, exact.rho, atol=1e-12)
     assert torch.allclose(fit.alpha.sum(-1), torch.ones(3, dtype=torch.float64), atol=1e-10)
+
+
+def test_a_known_starting_solution_skips_the_first_solve_without_changing_the_result():
+    from sv_attention.svdd.polish import POLISH_RIDGE
+    from sv_attention.svdd.warm_fit import active_set_fit, partition_from_alpha
+
+    gen = torch.Generator().manual_seed(4)
+    keys = torch.randn(2, 128, 8, generator=gen, dtype=torch.float64)
+    gram = rbf_gram(keys, sigma=median_bandwidth(keys)[:, None, None])
+    C = 1.0 / (0.3 * 32)
+    mask = torch.ones(2, 128, dtype=torch.bool)
+    prev = active_set_fit(gram[:, :64, :64].contiguous(), mask[:, :64], *partition_from_alpha(
+        torch.full((2, 64), 1.0 / 64, dtype=torch.float64), C), C, 40, 1e-12, POLISH_RIDGE)
+    assert prev.settled.all()
+    init = torch.nn.functional.pad(prev.alpha, (0, 64))
+    margin, error = partition_from_alpha(init, C)
+    solved = active_set_fit(gram, mask, margin, error, C, 40, 1e-12, POLISH_RIDGE)
+    known = active_set_fit(gram, mask, margin, error, C, 40, 1e-12, POLISH_RIDGE, start_alpha=init)
+    assert solved.settled.all() and known.settled.all()
+    assert torch.equal(known.margin, solved.margin) and torch.equal(known.error, solved.error)
+    assert torch.allclose(known.alpha, solved.alpha, atol=1e-12)
+    assert known.steps == solved.steps - 1  # one solve fewer
