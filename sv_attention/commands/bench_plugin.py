@@ -4,7 +4,7 @@ A tiny Llama built from a config (default hidden 256, 4 layers, 8 heads, 2 kv he
 runs with ``sdpa``, ``eager``, ``"ceq"`` (alpha 0 and 0.05) and ``"sv_attention"`` (nu 0.3, chunk 64)
 at each context length. All implementations run in the same process, interleaved per repeat, so the
 ratios to sdpa see the same machine load; each time is the minimum over ``--repeats`` runs
-(``--sv-repeats`` for sv_attention, whose prefill dominates the run time).
+(``--sv-repeats`` for sv_attention; by default the same number).
 
 - prefill: one forward of ``[1, context]`` tokens with a fresh ``DynamicCache`` (tokens/s = context / s)
 - decode: ``--new-tokens`` greedy steps after that prefill, one token at a time through the model's
@@ -48,8 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-heads", type=int, default=2, help="key/value heads (default 2)")
     parser.add_argument("--chunk", type=int, default=64, help="sv_attention chunk (default 64)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per implementation (default 5)")
-    parser.add_argument("--sv-repeats", type=int, default=1,
-                        help="timed runs of sv_attention, the slow one (default 1; at most --repeats)")
+    parser.add_argument("--sv-repeats", type=int, default=None,
+                        help="timed runs of sv_attention (default: --repeats; at most --repeats)")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
                         help=f"subset of {[n for n, _, _ in IMPLEMENTATIONS]} (sdpa is always run)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -91,9 +91,12 @@ def time_one(model, ids, new_tokens: int) -> tuple[float, float, Any, Any]:
 
 def run_bench(contexts: list[int], new_tokens: int, hidden: int, layers: int, heads: int, kv_heads: int,
               chunk: int, repeats: int, only: list[str] | None, seed: int, progress: bool = True,
-              sv_repeats: int = 1) -> dict[str, Any]:
-    """Run the benchmark and return the JSON payload (see the module docstring)."""
+              sv_repeats: int | None = None) -> dict[str, Any]:
+    """Run the benchmark and return the JSON payload (see the module docstring); ``sv_repeats=None``
+    times sv_attention ``repeats`` times like the others."""
     import torch
+
+    sv_repeats = repeats if sv_repeats is None else sv_repeats
     from tqdm import tqdm
 
     import sv_attention

@@ -131,7 +131,8 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
     """Primal-dual active-set iteration from a starting partition, lean (no autograd).
 
     Each step solves every problem's bordered KKT system for its partition (compacted margin block, ridge
-    ``ridge`` on its diagonal; :mod:`sv_attention.svdd.polish` documents the system), computes the KKT
+    ``ridge`` on its diagonal; :mod:`sv_attention.svdd.polish` documents the system) through a Cholesky
+    factor of ``2 K_SS + ridge I`` (a factor that fails marks the problem unsettled), computes the KKT
     gradient ``g = rho - K_ii + 2 (K alpha)_i`` from the gathered margin rows, and moves every violator
     at once (margin keys with ``alpha < -tol C`` to R and ``alpha > C (1 + tol)`` to E, reserve keys with
     ``g < -tol`` and error keys with ``g > tol`` to S). It stops when nothing moves; the last solve is
@@ -181,20 +182,19 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
             u, info = torch.cat([rho[:, None], alpha_c], dim=1), torch.zeros_like(ns)
             g = rho[:, None] - h
         else:
-            A = gram.new_zeros(G, m + 1, m + 1)
-            blk = A[:, 1:, 1:]
-            torch.mul(rows.gather(2, order[:, None, :].expand(G, m, m)), 2.0 * vcf[:, :, None] * vcf[:, None, :],
-                      out=blk)
-            blk.diagonal(dim1=-2, dim2=-1).add_(1.0 - vcf + ridge * vcf)
-            A[:, 0, 1:] = vcf
-            A[:, 1:, 0] = vcf
-            A[:, 0, 0] = (ns == 0).to(dt)  # keeps an empty margin block regular (such a problem is unsettled)
-            b = torch.cat([(1.0 - C * ef.sum(-1))[:, None], (diag - 2.0 * C * kef).gather(1, order) * vcf], dim=1)
-            u, info = torch.linalg.solve_ex(A, b[..., None], check_errors=False)
+            # Bordered system [[0, 1^T], [1, M]] [rho; a] = [b0; h_S] with M = 2 K_SS + ridge I (SPD, identity
+            # rows on unused slots): a = M^-1 (h_S - rho 1), rho = (1^T M^-1 h_S - b0) / (1^T M^-1 1); one
+            # Cholesky factor, two right-hand sides (half the work of an LU of the bordered matrix).
+            M = torch.mul(rows.gather(2, order[:, None, :].expand(G, m, m)), 2.0 * vcf[:, :, None] * vcf[:, None, :])
+            M.diagonal(dim1=-2, dim2=-1).add_(1.0 - vcf + ridge * vcf)
+            L, info = torch.linalg.cholesky_ex(M)
+            hs = (diag - 2.0 * C * kef).gather(1, order) * vcf
+            z = torch.cholesky_solve(torch.stack([hs, vcf], dim=-1), L)  # [G, m, 2]: M^-1 h_S, M^-1 1
+            b0 = 1.0 - C * ef.sum(-1)
+            rho = ((vcf * z[..., 0]).sum(-1) - b0) / (vcf * z[..., 1]).sum(-1)
             solves += 1
-            u = u[..., 0]
-            alpha_c = u[:, 1:] * vcf
-            rho = u[:, 0]
+            alpha_c = (z[..., 0] - rho[:, None] * z[..., 1]) * vcf
+            u = torch.cat([rho[:, None], alpha_c], dim=1)
             g = rho[:, None] - diag + 2.0 * ((alpha_c[:, None, :] @ rows)[:, 0] + C * kef)
         a_margin = torch.zeros(G, n, dtype=dt, device=dev).scatter_add_(1, order, alpha_c)
         to_r = margin & (a_margin < -tol * C)
