@@ -57,7 +57,8 @@ def rbf_gram(a: torch.Tensor, b: torch.Tensor | None = None, sigma: float | torc
     b = a if b is None else b
     needs_grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad
                                               or (isinstance(sigma, torch.Tensor) and sigma.requires_grad))
-    if not needs_grad and a.shape[-1] == b.shape[-1]:
+    same_dtype = not isinstance(sigma, torch.Tensor) or torch.result_type(a, sigma) == a.dtype == b.dtype
+    if not needs_grad and a.shape[-1] == b.shape[-1] and same_dtype:
         return _rbf_gram_inplace(a, b, sigma, same)
     d2 = pairwise_sq_dists(a, b)
     if same:

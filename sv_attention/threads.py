@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
+import threading
 from collections.abc import Iterator
 
 import torch
 
 from sv_attention.errors import InvalidHyperparameterError
+
+_LOCK = threading.Lock()
+_ACTIVE: dict[int, int] = {}  # scope id -> its thread count, in entry order
+_BEFORE: list[int] = []  # torch's setting when the first active scope entered
+_IDS = itertools.count()
 
 
 @contextlib.contextmanager
@@ -17,6 +24,11 @@ def torch_threads(n: int | None) -> Iterator[None]:
     For work made of many small operations (the language-model probe's tiny models, the SV gate's boundary
     fits): one intra-op thread is about as fast as two on an idle 2-core machine, and on a shared one two
     threads that wait for each other at every small op were measured 3-20x slower.
+
+    torch's setting is process-wide, so scopes are shared across Python threads: while any scope is
+    active the setting is that of the most recently entered active scope, and when the last one exits
+    the setting from before the first one is restored (overlapping scopes of two threads do not leave
+    the process at the inner value).
 
     Raises
     ------
@@ -28,9 +40,15 @@ def torch_threads(n: int | None) -> Iterator[None]:
         return
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise InvalidHyperparameterError(f"threads must be a positive integer or None, got {n!r}")
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
+    scope = next(_IDS)
+    with _LOCK:
+        if not _ACTIVE:
+            _BEFORE[:] = [torch.get_num_threads()]
+        _ACTIVE[scope] = n
+        torch.set_num_threads(n)
     try:
         yield
     finally:
-        torch.set_num_threads(old)
+        with _LOCK:
+            del _ACTIVE[scope]
+            torch.set_num_threads(next(reversed(_ACTIVE.values())) if _ACTIVE else _BEFORE[0])

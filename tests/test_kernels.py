@@ -50,3 +50,13 @@ def test_rbf_gram_without_autograd_equals_the_autograd_formula(sigma_shape):
         assert torch.allclose(fast, slow, atol=1e-14)
         if other is None:
             assert (torch.diagonal(fast, dim1=-2, dim2=-1) == 1).all()
+
+
+def test_rbf_gram_dtype_does_not_depend_on_grad_mode():
+    a = torch.randn(4, 3)
+    for sigma in (torch.tensor(1.5, dtype=torch.float64), torch.full((1, 1), 1.5, dtype=torch.float64)):
+        with torch.no_grad():
+            fast = rbf_gram(a, sigma=sigma)
+        slow = rbf_gram(a.clone().requires_grad_(), sigma=sigma)
+        assert fast.dtype == slow.dtype  # fp32 for a 0-d sigma (no promotion), fp64 for a [1, 1] one
+        assert torch.allclose(fast, slow.detach().to(fast.dtype))

@@ -40,11 +40,14 @@ def grouped_biased_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     b, h, q, d = query.shape
     g = key.shape[1]
     r = h // g
+    if q == 0:
+        return query.new_zeros(b, h, 0, value.shape[-1])
+    rb = max(int(row_block), 1)
     qg = query.view(b, g, r, q, d)
     seen = visible.any(0)  # [q, kv]: columns any sequence's row may attend
     outs = []
-    for r0 in range(0, q, max(int(row_block), 1)):
-        r1 = min(r0 + row_block, q)
+    for r0 in range(0, q, rb):
+        r1 = min(r0 + rb, q)
         cols = seen[r0:r1].any(0).nonzero()
         end = int(cols.max()) + 1 if cols.numel() else 1
         vis = visible[:, None, r0:r1, :end]  # [b, 1, rows, end]

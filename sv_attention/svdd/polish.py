@@ -79,6 +79,9 @@ def gather_rows(mat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     sG, sR, sC = mat.stride()
     differentiable = torch.is_grad_enabled() and mat.requires_grad
     if not differentiable and G > 0 and m > 0 and sC == 1 and sR >= c and sG > 0 and sG % sR == 0:
+        lo, hi = int(index.min()), int(index.max())
+        if lo < 0 or hi >= r:  # the grid would read another problem's row: refuse like gather does
+            raise IndexError(f"gather_rows: row index {lo if lo < 0 else hi} out of range for {r} rows")
         per = sG // sR  # rows of the grid between two problems
         grid = mat.as_strided(((G - 1) * per + r, c), (sR, 1))
         flat = (index + torch.arange(G, device=mat.device)[:, None] * per).reshape(-1)
@@ -211,8 +214,9 @@ def fixed_partition_solve(gram: torch.Tensor, mask: torch.Tensor, margin: torch.
 
 def kkt_violation(alpha: torch.Tensor, g: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
                   error: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
-    """Largest KKT violation of each problem, ``[G]``: box violation of alpha in units of C on S, sign
-    violation of g on R (g < 0) and E (g > 0), and |g| on S (nonzero only for ridged solves)."""
+    """Largest KKT violation of each problem, ``[G]``: box violation of alpha in units of C on S and sign
+    violation of g on R (g < 0) and E (g > 0). ``g`` on S and ``sum alpha = 1`` are not checked: the
+    bordered solve that produced ``alpha`` imposes them (up to its ridge)."""
     reserve = mask & ~margin & ~error
     Cc = _c_column(C)
     box = torch.where(margin, torch.maximum(-alpha, alpha - Cc).clamp_min(0.0) / Cc, torch.zeros_like(alpha))

@@ -4,9 +4,9 @@ The chunk-frozen gate (DESIGN §2.5) solves the SVDD problem of the keys ``[0, s
 ``s``. The problem at ``s`` is the one at an earlier boundary ``s' < s`` plus the keys ``[s', s)``, so
 its partition (margin ``S``: ``0 < alpha < C``, error ``E``: ``alpha = C``, reserve ``R``: ``alpha = 0``)
 is usually a few moves away from the earlier one. Starting the primal-dual active-set iteration
-(:func:`sv_attention.svdd.polish.active_set_polish`: one exact bordered solve on the margin block plus
-one pass over ``K`` per step) from the earlier partition, with the new keys in ``R``, settles a chunk of
-new keys in 2-4 steps; no FISTA finder runs.
+(:func:`active_set_fit`: one exact bordered solve on the margin block plus one pass over the margin rows
+of ``K`` per step; the move rule of :func:`sv_attention.svdd.polish.active_set_polish`) from the earlier
+partition, with the new keys in ``R``, settles a chunk of new keys in 2-4 steps; no FISTA finder runs.
 
 A partition is accepted only when it is a KKT point of the new problem within the polish tolerance
 (``converged`` and violation ``<= 10 tol``, the criterion of :func:`sv_attention.svdd.batched.solve_batched`'s
@@ -153,7 +153,9 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
         The exact solution of the starting partition when the caller has it (the previous boundary's gate,
         zero on the new keys: the same bordered system, since the Grams agree on the old keys). The first
         step then reads its gradient off it instead of solving (``rho`` = the mean of
-        ``K_ii - 2 (K alpha)_i`` over the margin keys, equal on all of them at the solution).
+        ``K_ii - 2 (K alpha)_i - ridge alpha_i`` over the margin keys), after checking that it is that
+        solution (these values agree on the margin keys and ``sum alpha = 1``, within
+        ``10 tol sqrt(n)``); otherwise the first step solves as usual.
 
     Returns
     -------
@@ -163,6 +165,11 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
 
     G, n, _ = gram.shape
     dt, dev = gram.dtype, gram.device
+    if G == 0:
+        empty = torch.zeros(0, n, dtype=dt, device=dev)
+        none = torch.zeros(0, dtype=torch.bool, device=dev)
+        return ActiveSetFit(alpha=empty, rho=empty[:, 0], margin=margin, error=error, settled=none,
+                            violation=empty[:, 0], steps=0)
     diag = torch.diagonal(gram, dim1=-2, dim2=-1)
     margin, error = margin & mask, error & mask
     slots = torch.arange(n, device=dev)
@@ -175,13 +182,22 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
         rows = gather_rows(gram, order)  # [G, m, n]
         ef = error.to(dt)
         kef = _gram_times_indicator(gram, error, ef)
-        if run == 0 and start_alpha is not None:  # the starting partition's solution is known: no solve
+        known = False
+        if run == 0 and start_alpha is not None:  # the starting partition's solution may be known: no solve
             alpha_c = start_alpha.to(dt).gather(1, order) * vcf
             h = diag - 2.0 * ((alpha_c[:, None, :] @ rows)[:, 0] + C * kef)
-            rho = (h * margin.to(dt)).sum(-1) / ns.clamp_min(1).to(dt)
-            u, info = torch.cat([rho[:, None], alpha_c], dim=1), torch.zeros_like(ns)
-            g = rho[:, None] - h
-        else:
+            # at the solution, h_i - ridge alpha_i = rho on every margin key and sum alpha = 1: verify both
+            # (a start that is not the exact solution of its partition is solved like any other)
+            r = (h.gather(1, order) - ridge * alpha_c) * vcf
+            rho = r.sum(-1) / ns.clamp_min(1).to(dt)
+            spread = ((r - rho[:, None]) * vcf).abs().amax(-1)
+            mass = (alpha_c.sum(-1) + C * ef.sum(-1) - 1.0).abs()
+            bound = SETTLED_FACTOR * tol * max(1.0, float(n) ** 0.5)
+            known = bool(((spread <= bound) & (mass <= bound) & (ns > 0)).all())
+            if known:
+                u, info = torch.cat([rho[:, None], alpha_c], dim=1), torch.zeros_like(ns)
+                g = rho[:, None] - h
+        if not known:
             # Bordered system [[0, 1^T], [1, M]] [rho; a] = [b0; h_S] with M = 2 K_SS + ridge I (SPD, identity
             # rows on unused slots): a = M^-1 (h_S - rho 1), rho = (1^T M^-1 h_S - b0) / (1^T M^-1 1); one
             # Cholesky factor, two right-hand sides (half the work of an LU of the bordered matrix).
@@ -303,9 +319,12 @@ def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solv
     partition (:func:`partition_from_alpha`); :func:`warm_partition` moves every KKT violator. A problem
     whose partition settled is returned as the exact optimum of that partition (ridge
     :data:`~sv_attention.svdd.polish.POLISH_RIDGE`, the polish's own); problems that did not settle
-    within :data:`WARM_PDAS_STEPS` steps, or whose solve needed the fallback ridge, are refitted by
-    :func:`fit_working_set` (counted as ``warm_pdas_fallback``), so the result never depends on an
-    unconverged iterate. ``stat`` names the counter of this call; ``pdas_problems`` counts the problems.
+    within :data:`WARM_PDAS_STEPS` steps (or whose Cholesky factor failed) are refitted (counted as
+    ``warm_pdas_fallback``): a warm start (``new > 0``) by :func:`fit_working_set`, a cold start
+    (``new == 0``, e.g. uniform ``init``) by the cold ``solve``; a refit that is not a valid gate
+    (``sum alpha != 1`` or ``alpha > C`` beyond 1e-4) is replaced by the cold ``solve`` as well (counted
+    as ``warm_fallback_cold``), so the result never depends on an unconverged warm iterate. ``stat``
+    names the counter of this call; ``pdas_problems`` counts the problems.
 
     Returns
     -------
@@ -327,5 +346,17 @@ def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solv
     if not bool(ok.all()):
         bad = (~ok).nonzero().flatten()
         count("warm_pdas_fallback", len(bad))
-        alpha = alpha.index_copy(0, bad, fit_working_set(gram[bad], init[bad], C, new, solve=solve, count=count))
+        g_bad = gram[bad]
+        all_keys = torch.ones(len(bad), n, dtype=torch.bool, device=gram.device)
+        if new > 0:
+            refit = fit_working_set(g_bad, init[bad], C, new, solve=solve, count=count)
+            invalid = ((refit.sum(-1) - 1.0).abs() > 1e-4) | (refit.amax(-1) > C * (1.0 + 1e-4))
+            if bool(invalid.any()):
+                worse = invalid.nonzero().flatten()
+                count("warm_fallback_cold", len(worse))
+                cold = solve(g_bad[worse], all_keys[worse], C, init=None).alpha.clamp_min(0.0)
+                refit = refit.index_copy(0, worse, cold)
+        else:
+            refit = solve(g_bad, all_keys, C, init=None).alpha.clamp_min(0.0)
+        alpha = alpha.index_copy(0, bad, refit)
     return alpha

@@ -63,3 +63,16 @@ def test_a_factored_gate_bias_gives_the_dense_result():
     visible = torch.ones(q, q, dtype=torch.bool).tril().expand(b, q, q)
     out = grouped_biased_sdpa(query, key, value, visible, gb, 0.5, row_block=5)
     assert torch.allclose(out, plain(query, key, value, visible, dense, 0.5), atol=1e-12)
+
+
+def test_no_query_rows_and_degenerate_row_blocks():
+    q = torch.randn(1, 2, 0, 3)
+    k = torch.randn(1, 1, 4, 3)
+    out = grouped_biased_sdpa(q, k, k, torch.zeros(1, 0, 4, dtype=torch.bool), None, 1.0)
+    assert out.shape == (1, 2, 0, 3)
+    q = torch.randn(1, 2, 4, 3, dtype=torch.float64)
+    k = torch.randn(1, 1, 4, 3, dtype=torch.float64)
+    vis = torch.ones(4, 4, dtype=torch.bool).tril()[None]
+    ref = plain(q, k, k, vis, None, 1.0)
+    for rb in (0, -3):  # treated as one row per block
+        assert torch.allclose(grouped_biased_sdpa(q, k, k, vis, None, 1.0, row_block=rb), ref, atol=1e-12)

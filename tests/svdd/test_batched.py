@@ -291,3 +291,13 @@ def test_gather_rows_equals_gather_on_contiguous_sliced_and_expanded_batches():
     gather_rows(leaf, index).sum().backward()  # the differentiable path
     assert torch.equal(leaf.grad, torch.zeros(3, 11, 11).scatter_add(1, index[:, :, None].expand(3, 2, 11),
                                                                     torch.ones(3, 2, 11)))
+
+
+def test_gather_rows_refuses_an_out_of_range_row():
+    from sv_attention.svdd.polish import gather_rows
+
+    mat = torch.arange(18.0).reshape(2, 3, 3)
+    with pytest.raises(IndexError):
+        gather_rows(mat, torch.tensor([[3], [0]]))  # row 3 of problem 0 would be row 0 of problem 1
+    with pytest.raises(IndexError):
+        gather_rows(mat, torch.tensor([[-1], [0]]))

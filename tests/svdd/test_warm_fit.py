@@ -132,3 +132,54 @@ def test_a_known_starting_solution_skips_the_first_solve_without_changing_the_re
     assert torch.equal(known.margin, solved.margin) and torch.equal(known.error, solved.error)
     assert torch.allclose(known.alpha, solved.alpha, atol=1e-12)
     assert known.steps == solved.steps - 1  # one solve fewer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cold_start_from_uniform_on_clustered_keys_gives_valid_gates(dtype):
+    """A cold start (uniform alpha, new = 0) whose active-set steps oscillate falls back to the cold solve,
+    never to a warm-settings solve: every gate sums to 1 within the box and equals the cold solution."""
+    from sv_attention.hf.sv_gate import _fit_warm
+
+    gen = torch.Generator().manual_seed(0)
+    keys = (torch.randn(24, 64, 8, generator=gen) * 0.1 + torch.randn(24, 64, 1, generator=gen).sign()).to(dtype)
+    gram = rbf_gram(keys, sigma=median_bandwidth(keys)[:, None, None])
+    C = 1.0 / 9.6
+    alpha = _fit_warm(gram, torch.full((24, 64), 1.0 / 64, dtype=dtype), C, 0, stat="cold_pdas_fits")
+    tol = 1e-4 if dtype == torch.float32 else 1e-9
+    assert (alpha >= 0).all() and (alpha <= C * (1 + tol)).all()
+    assert torch.allclose(alpha.sum(-1), torch.ones(24, dtype=dtype), atol=tol)
+    cold = solve_batched(gram, torch.ones(24, 64, dtype=torch.bool), C, ridge=POLISH_RIDGE)
+    ok = cold.status == 0
+    assert ok.any()
+    assert torch.allclose(alpha[ok], cold.alpha.clamp_min(0.0)[ok], atol=1e-3 if dtype == torch.float32 else 1e-8)
+
+
+def test_a_start_that_is_not_the_solution_of_its_partition_is_solved():
+    """start_alpha is verified (equal margin values of K_ii - 2 (K alpha)_i - ridge alpha_i, sum 1): a
+    perturbed start costs a solve and the result is the exact optimum, not the perturbed input."""
+    from sv_attention.svdd.warm_fit import active_set_fit, partition_from_alpha
+
+    gen = torch.Generator().manual_seed(5)
+    keys = torch.randn(2, 96, 8, generator=gen, dtype=torch.float64)
+    gram = rbf_gram(keys, sigma=median_bandwidth(keys)[:, None, None])
+    C = 1.0 / (0.3 * 32)
+    mask = torch.ones(2, 96, dtype=torch.bool)
+    exact = active_set_fit(gram, mask, *partition_from_alpha(torch.full((2, 96), 1.0 / 96, dtype=torch.float64),
+                                                               C), C, 40, 1e-12, POLISH_RIDGE)
+    assert exact.settled.all()
+    margin, error = exact.margin, exact.error
+    bad = torch.where(margin, exact.alpha * (1 + 1e-3 * torch.randn(2, 96, generator=gen, dtype=torch.float64)),
+                      exact.alpha)
+    fit = active_set_fit(gram, mask, margin, error, C, 40, 1e-12, POLISH_RIDGE, start_alpha=bad)
+    assert fit.steps >= 1  # the perturbed start was not trusted
+    assert fit.settled.all() and torch.allclose(fit.alpha, exact.alpha, atol=1e-12)
+    trusted = active_set_fit(gram, mask, margin, error, C, 40, 1e-12, POLISH_RIDGE, start_alpha=exact.alpha)
+    assert trusted.steps == 0 and torch.allclose(trusted.alpha, exact.alpha, atol=1e-12)
+
+
+def test_active_set_fit_on_an_empty_batch():
+    from sv_attention.svdd.warm_fit import active_set_fit
+
+    fit = active_set_fit(torch.zeros(0, 5, 5), torch.zeros(0, 5, dtype=torch.bool), torch.zeros(0, 5, dtype=torch.bool),
+                         torch.zeros(0, 5, dtype=torch.bool), 0.5, 10, 1e-6, 1e-6)
+    assert fit.alpha.shape == (0, 5) and fit.settled.shape == (0,) and fit.steps == 0
