@@ -44,13 +44,15 @@ that never saw them.
 
 Padding (:meth:`CertifiedCache.set_padding`)
 --------------------------------------------
-The cache does not see the model's attention mask. Declare left padding on the fresh cache with
-``cache.set_padding(attention_mask)``: each batch row then keeps its own admitted history (pad keys never
+The cache does not see the model's attention mask. Left padding is declared on the fresh cache with
+``cache.set_padding(attention_mask)`` -- automatically, by a forward pre-hook, on a model switched with
+:func:`sv_attention.enable` (the first forward's 2-D mask, when it has padding): each batch row then keeps its own admitted history (pad keys never
 enter its solvers) and starts its solvers at the first chunk boundary by which it has ``chunk`` real
 tokens, with the bandwidth of those tokens. With a pad count that is a multiple of ``chunk``, a padded row
 computes exactly what the same sequence computes alone (tested through generate and eviction); otherwise
-its boundaries stay the global ones. Without the declaration, pad keys are admitted like real keys
-(eviction stays exact, but a padded row's gate differs from the one the attention function fits itself).
+its boundaries stay the global ones. Without the declaration (a model switched by
+``set_attn_implementation`` alone, not declared by hand), pad keys are admitted like real keys (eviction
+stays exact, but a padded row's gate differs from the one the attention function fits itself).
 
 Transactions
 ------------
@@ -499,6 +501,11 @@ class CertifiedCache(Cache):
         layer.invalidate_snapshot()
 
     # ------------------------------------------------------------------ padding
+    @property
+    def padding_declared(self) -> bool:
+        """Whether :meth:`set_padding` declared padding for the current contents (reset clears it)."""
+        return self._valid is not None
+
     def set_padding(self, attention_mask: torch.Tensor) -> None:
         """Declare which of the first positions are padding, per batch row (before the first forward).
 

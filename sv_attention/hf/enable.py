@@ -4,6 +4,12 @@ Validates the hyperparameters first (typed errors, model untouched), writes them
 (a plain dict, so ``save_pretrained`` stores it in ``config.json``) and calls
 ``model.set_attn_implementation(NAME)``. ``enable(model, "sdpa")`` (or any built-in / registered name)
 switches back; the stored hyperparameters are left in the config, unused.
+
+It also installs (once per model) a forward pre-hook that declares a left-padded batch to a fresh
+:class:`~sv_attention.hf.cache.CertifiedCache`: when a forward receives a 2-D ``attention_mask`` with
+padding and an empty ``CertifiedCache`` (as ``past_key_values`` or ``cache``) whose padding was not
+declared, the hook calls ``cache.set_padding(attention_mask)``, so ``model.generate(**enc, cache=cache)``
+keeps pad keys out of the cache's solvers without the caller declaring them.
 """
 
 from __future__ import annotations
@@ -86,4 +92,27 @@ def enable(model: torch.nn.Module, name: str, **hyperparameters: Any) -> torch.n
         for cfg in _configs(model):
             setattr(cfg, name, settings.to_dict())
     reset_state(model)
+    if PADDING_HOOK_ATTR not in model.__dict__:
+        model.__dict__[PADDING_HOOK_ATTR] = model.register_forward_pre_hook(declare_cache_padding, with_kwargs=True)
     return model
+
+
+#: Attribute of a model holding the handle of its padding pre-hook (installed once by :func:`enable`).
+PADDING_HOOK_ATTR = "_sv_attention_padding_hook"
+
+
+def declare_cache_padding(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Forward pre-hook: declare a padded 2-D ``attention_mask`` to a fresh, undeclared ``CertifiedCache``.
+
+    Acts only when the cache (``past_key_values`` or ``cache`` keyword) is a ``CertifiedCache`` holding
+    no position yet with no padding declared, and the mask is 2-D ``[b, L]`` with at least one 0; anything
+    else passes through untouched. The mask's own checks apply (``set_padding`` raises on a non-0/1 mask).
+    """
+    from sv_attention.hf.cache import CertifiedCache
+
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))
+    mask = kwargs.get("attention_mask")
+    if (isinstance(cache, CertifiedCache) and isinstance(mask, torch.Tensor) and mask.dim() == 2
+            and not cache.padding_declared and cache.get_seq_length() == 0 and not bool(mask.bool().all())):
+        cache.set_padding(mask)
+    return None

@@ -654,3 +654,22 @@ def test_cache_gate_matches_the_attention_functions_own_gate_on_a_padded_batch(m
         ref = model(ids, attention_mask=mask, cache=DynamicCache(config=model.config), use_cache=True).logits
     assert float((got[0] - ref[0]).abs().max()) <= 1e-4
     assert float((got[1, CHUNK:] - ref[1, CHUNK:]).abs().max()) <= 1e-4  # the real tokens of the padded row
+
+
+def test_enable_declares_a_padded_batch_to_a_fresh_cache(model: LlamaForCausalLM) -> None:
+    """sv_attention.enable's pre-hook: generate with a padded mask and an undeclared CertifiedCache gives
+    exactly what the explicit set_padding gives; a mask without padding declares nothing."""
+    torch.manual_seed(23)
+    ids = torch.randint(1, 64, (2, 2 * CHUNK + 3))
+    mask = torch.ones_like(ids)
+    mask[1, :CHUNK] = 0
+    explicit, cache_e = _generate_evict_generate(model, ids, mask, declare=True)
+    auto, cache_a = _generate_evict_generate(model, ids, mask, declare=False)
+    assert cache_a.padding_declared and cache_e.padding_declared
+    assert torch.equal(auto, explicit)
+    for la, le in zip(cache_a.layers, cache_e.layers):
+        assert la.bank.row_start == le.bank.row_start == [CHUNK, 2 * CHUNK]
+    plain = CertifiedCache(model.config)
+    with torch.no_grad():
+        model(ids, attention_mask=torch.ones_like(ids), cache=plain, use_cache=True)
+    assert not plain.padding_declared
