@@ -119,7 +119,7 @@ class SVLMCache(DynamicCache):
 
         ``max_length`` has the installed transformers' meaning (5.24: ``<= 0`` removes that many tokens
         from the end and ``crop(0)`` is a no-op; older releases: ``> 0`` keeps the first ``max_length``).
-        Operator-state tensors (smprime's queries and gates, position on dim 2) are sliced, state objects
+        Operator-state tensors (smprime's gates, position on dim 2) are sliced, state objects
         with ``crop`` (``HopCache``) are cropped to the same length, the others (``GateCache``) are reset and
         refit from the cached keys on the next call.
         """
@@ -261,9 +261,9 @@ def smprime_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     """smprime (:class:`sv_attention.ops.smprime.SMPrime`, one per layer in ``module.smprime``).
 
     The gates ``m``, ``theta`` come from the layer's input ``hidden_states``. smprime's row i depends on
-    every ``m_k`` / ``theta_k`` with ``k <= i``, so decoding keeps the queries and gates of earlier
-    positions in ``operator_state`` and recomputes the new rows from them with the same function as the
-    prefill (O(s^2) per step: exact, not a recurrent state).
+    every ``m_k`` / ``theta_k`` with ``k <= i``, so decoding keeps the gates of earlier positions in
+    ``operator_state`` and computes only the new rows, with the same function and the same per-row
+    operations as the prefill (O(s d) per decoded token: exact, not a recurrent state).
     """
     from sv_attention.errors import InvalidInputError as _Invalid
 
@@ -275,18 +275,17 @@ def smprime_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     sm = module.smprime
     q_len, kv_len = query.shape[-2], key.shape[-2]
     m, theta = sm.gates(hidden_states)
-    q_all, m_all, th_all = query, m, theta
+    m_all, th_all = m, theta
     past = kv_len - q_len
     if operator_state is not None:
         if past > 0:
-            prev = operator_state.get("q")
+            prev = operator_state.get("m")
             if prev is None or prev.shape[2] != past or prev.shape[0] != query.shape[0]:
                 raise _Invalid(f"smprime cache holds {0 if prev is None else prev.shape[2]} positions, the call "
                                f"needs {past}; reset the cache together with the key/value cache")
-            q_all = torch.cat([prev, query], 2)
-            m_all = torch.cat([operator_state["m"], m], -1)
+            m_all = torch.cat([prev, m], -1)
             th_all = torch.cat([operator_state["theta"], theta], -1)
-        operator_state.update(q=q_all, m=m_all, theta=th_all)
+        operator_state.update(m=m_all, theta=th_all)
     elif past > 0:
         raise _Invalid("smprime with cached keys needs its operator state (use SVLMCache)")
     key_pad = None if mask is None else mask[:, 0, -1, :]  # the last row sees every real key
@@ -294,10 +293,10 @@ def smprime_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
         key_pad = None
     from sv_attention.ops.smprime import smprime_attention
 
-    out = smprime_attention(q_all, key, value, m_all.to(query.dtype), th_all.to(query.dtype),
+    out = smprime_attention(query, key, value, m_all.to(query.dtype), th_all.to(query.dtype),
                             beta=sm.beta.to(query.dtype), qk=sm.qk.to(query.dtype), mask=key_pad,
                             scaling=scaling)
-    return out[:, :, -q_len:].transpose(1, 2).contiguous(), None
+    return out.transpose(1, 2).contiguous(), None
 
 
 def sv_box(knobs: dict[str, Any]) -> tuple[float, int]:

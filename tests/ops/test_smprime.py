@@ -94,3 +94,18 @@ def test_padding_mask_rows_finite():
     out = smprime_attention(q, k, v, m, theta, beta=0.5, mask=pad)
     assert torch.isfinite(out).all()
     assert torch.equal(out[1, :, :2], torch.zeros_like(out[1, :, :2]))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6])
+def test_last_rows_equal_the_prefill_rows(rows):
+    """Decoding computes only the last rows, each by the prefill's own per-row operations."""
+    q, k, v = _qkv(s=6)
+    m, theta = _gates(s=6)
+    pad = torch.tensor([[True] * 6, [False, True, True, True, True, True]])  # a left-padded row
+    full = smprime_attention(q, k, v, m, theta, beta=0.6, qk=1.2, mask=pad)
+    last = smprime_attention(q[:, :, -rows:], k, v, m, theta, beta=0.6, qk=1.2, mask=pad)
+    assert last.shape == (2, 2, rows, 4)
+    assert torch.allclose(last, full[:, :, -rows:], atol=1e-12)
+    assert torch.allclose(path_modulus(m, rows), path_modulus(m)[..., -rows:, :], atol=0)
+    with pytest.raises(InvalidInputError, match="q_len <= kv_len"):
+        smprime_attention(torch.cat([q, q], 2), k, v, m, theta)
