@@ -381,3 +381,17 @@ def test_gate_fits_run_single_threaded_and_restore_the_thread_count(monkeypatch)
         assert torch.get_num_threads() == 2  # restored on the error path too
     finally:
         torch.set_num_threads(before)
+
+
+def test_gated_output_attentions_path_equals_the_fused_path():
+    """With a gate active, output_attentions=True (eager path, dense log-gate) and the fused blocked SDPA
+    path (factored GateBias) give the same output; the weights sum to 1 and vanish on reserve keys."""
+    q, k, v = qkv(b=2, q=40, kv=40, d=4, seed=9)
+    mod = Mod(nu=0.5, chunk=8)
+    fused, none = sv_attention_forward(mod, q, k, v, causal(2, 40, 40)[:, None], scaling=0.5, use_cache=False)
+    eager, w = sv_attention_forward(mod, q, k, v, causal(2, 40, 40)[:, None], scaling=0.5, use_cache=False,
+                                    output_attentions=True)
+    assert none is None and w.shape == (2, 4, 40, 40)
+    assert torch.allclose(fused, eager, atol=1e-5)
+    assert torch.allclose(w.sum(-1), torch.ones(2, 4, 40), atol=1e-5)
+    assert (w[:, :, 16:, :8] == 0).any()  # some key of the gated prefix is reserve (alpha = 0)
