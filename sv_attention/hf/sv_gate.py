@@ -284,8 +284,13 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
     if not bool(active.any()):
         return None, _new_state(state, key, keep_state)
     P = int(n.max())
-    kbp = _keys_by_position(key, valid, kpos, P)  # [b, g, P, d]
     dt = key.dtype
+    kbp_cache: list[torch.Tensor] = []
+
+    def kbp() -> torch.Tensor:  # keys by position [b, g, P, d], built only when a fit or a bandwidth needs it
+        if not kbp_cache:
+            kbp_cache.append(_keys_by_position(key, valid, kpos, P))
+        return kbp_cache[0]
 
     # bandwidth per (sequence, kv-head)
     if sigma is not None:
@@ -296,7 +301,7 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
         need = active.any(-1)[:, None] & torch.isnan(sig)
         if bool(need.any()):
             m = (torch.arange(chunk, device=key.device)[None, :] < n[:, None])[:, None, :].expand(b, g, chunk)
-            med = median_bandwidth(kbp[:, :, :chunk], m)
+            med = median_bandwidth(kbp()[:, :, :chunk], m)
             sig = torch.where(need, med.to(dt), sig)
 
     # gates per boundary, by position
@@ -324,7 +329,7 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
     # boundaries are fitted in increasing order so each warm start is ready
     if todo_list:  # one Gram per (sequence, kv-head) on the keys up to the last boundary; blocks are sliced
         n_all = max(s for _, s, _ in todo_list)
-        full = rbf_gram(kbp[:, :, :n_all], sigma=sig[:, :, None, None])
+        full = rbf_gram(kbp()[:, :, :n_all], sigma=sig[:, :, None, None])
         known: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # s -> (alpha [b, g, s], have [b])
         if state is not None:
             for s_, a_ in state.gates.items():
