@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from sv_attention.errors import InvalidInputError
 from sv_attention.kernels import median_bandwidth, rbf_gram
+from sv_attention.svdd.gram_rows import LazyRBFGram
 from sv_attention.svdd.warm_fit import fit_warm, fit_working_set
 from sv_attention.threads import torch_threads
 
@@ -198,6 +199,9 @@ def _fit_working_set(gram: torch.Tensor, init: torch.Tensor, C: float, new: int)
 #: FISTA / power iterations of a warm-started gate fit (the polish makes the found partition exact).
 WARM_FISTA_ITERS = 10
 WARM_POWER_ITERS = 5
+#: Largest dense Gram (bytes, all sequences and kv-heads of a layer call) the gate builds; beyond it, and for
+#: a call that fits a single boundary, rows are computed on demand (:class:`~sv_attention.svdd.gram_rows.LazyRBFGram`).
+DENSE_GRAM_MAX_BYTES = 256 * 2**20
 #: Cold fits up to this many keys start the active-set steps from uniform alpha (every key on the margin)
 #: instead of running the FISTA finder; larger cold fits (a crop, a state reset) use ``solve_batched``.
 COLD_PDAS_MAX_KEYS = 256
@@ -329,7 +333,17 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
     # boundaries are fitted in increasing order so each warm start is ready
     if todo_list:  # one Gram per (sequence, kv-head) on the keys up to the last boundary; blocks are sliced
         n_all = max(s for _, s, _ in todo_list)
-        full = rbf_gram(kbp()[:, :, :n_all], sigma=sig[:, :, None, None])
+        # One dense Gram per (sequence, kv-head), sliced per boundary, when several boundaries are fitted and
+        # it fits DENSE_GRAM_MAX_BYTES (fastest: one big kernel); otherwise (a decoding step crossing one
+        # boundary, long contexts) Gram rows on demand, kept across boundaries: the fits read only the
+        # margin / error rows, O(|U| n) instead of O(n^2).
+        dense = len(todo_list) > 1 and b * g * n_all * n_all * key.element_size() <= DENSE_GRAM_MAX_BYTES
+        if dense:
+            full = rbf_gram(kbp()[:, :, :n_all], sigma=sig[:, :, None, None])
+            _count("dense_gram_calls")
+        else:
+            lazy_all = LazyRBFGram(kbp()[:, :, :n_all].reshape(b * g, n_all, d), sig.reshape(-1))
+            _count("lazy_gram_calls")
         known: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # s -> (alpha [b, g, s], have [b])
         if state is not None:
             for s_, a_ in state.gates.items():
@@ -348,8 +362,13 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
                 for rows_b, warm in ((ib[~warm_rows], False), (ib[warm_rows], True)):
                     if not len(rows_b):
                         continue
-                    blk = full[:, :, :s, :s]  # a view: no copy of the block when every sequence is fitted
-                    gr = (blk if len(rows_b) == b else blk[rows_b]).reshape(-1, s, s)
+                    if dense:
+                        blk = full[:, :, :s, :s]  # a view: no copy of the block when every sequence is fitted
+                        gr = (blk if len(rows_b) == b else blk[rows_b]).reshape(-1, s, s)
+                    else:
+                        lazy = lazy_all if len(rows_b) == b else LazyRBFGram(  # a subset of sequences
+                            kbp()[rows_b][:, :, :n_all].reshape(-1, n_all, d), sig[rows_b].reshape(-1))
+                        gr = lazy.prefix(s)
                     if warm:
                         init = F.pad(prev[0][rows_b].to(dt), (0, chunk)).reshape(-1, s)
                         fitted = _fit_warm(gr, init, C, chunk)
@@ -358,7 +377,8 @@ def causal_gate_bias(key: torch.Tensor, visible: torch.Tensor, *, C: float, warm
                         fitted = _fit_warm(gr, torch.full(gr.shape[:2], 1.0 / s, dtype=dt, device=key.device), C, 0,
                                            stat="cold_pdas_fits")
                     else:
-                        fitted = _fit(gr, torch.ones(len(rows_b) * g, s, dtype=torch.bool, device=key.device), C)
+                        fitted = _fit(gr if dense else gr.dense(),
+                                      torch.ones(len(rows_b) * g, s, dtype=torch.bool, device=key.device), C)
                     alphas[i] = alphas[i].index_copy(0, rows_b, fitted.reshape(len(rows_b), g, s))
                 done_s = known[s][1].clone()
                 done_s[ib] = True

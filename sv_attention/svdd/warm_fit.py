@@ -126,6 +126,42 @@ class ActiveSetFit:
     steps: int
 
 
+#: A Gram the fits can read: a dense Tensor ``[G, n, n]`` or a lazy row provider
+#: (:class:`sv_attention.svdd.gram_rows.LazyPrefix`: ``shape``, ``dtype``, ``device``, ``diagonal()``,
+#: ``rows(index)``, ``dense(problems)``).
+GramLike = Any
+
+
+def _diagonal(gram: GramLike) -> torch.Tensor:
+    return torch.diagonal(gram, dim1=-2, dim2=-1) if isinstance(gram, torch.Tensor) else gram.diagonal()
+
+
+def _rows(gram: GramLike, index: torch.Tensor) -> torch.Tensor:
+    from sv_attention.svdd.polish import gather_rows
+
+    return gather_rows(gram, index) if isinstance(gram, torch.Tensor) else gram.rows(index)
+
+
+def _times_indicator(gram: GramLike, subset: torch.Tensor, subset_f: torch.Tensor) -> torch.Tensor:
+    """``K 1_E`` ``[G, n]`` (dense: :func:`~sv_attention.svdd.polish._gram_times_indicator`; lazy: the sum of
+    the subset's rows, ``K`` being symmetric)."""
+    from sv_attention.svdd.polish import _gram_times_indicator
+
+    if isinstance(gram, torch.Tensor):
+        return _gram_times_indicator(gram, subset, subset_f)
+    cnt = subset.sum(-1)
+    ne = int(cnt.max()) if subset.shape[0] else 0
+    if ne == 0:
+        return torch.zeros_like(subset_f)
+    order = torch.argsort((~subset).to(torch.int8), dim=-1, stable=True)[:, :ne]
+    used = (torch.arange(ne, device=subset.device)[None, :] < cnt[:, None]).to(subset_f.dtype)
+    return (used[:, None, :] @ gram.rows(order))[:, 0]
+
+
+def _dense(gram: GramLike, problems: torch.Tensor) -> torch.Tensor:
+    return gram[problems] if isinstance(gram, torch.Tensor) else gram.dense(problems)
+
+
 def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor, error: torch.Tensor, C: float,
                    steps: int, tol: float, ridge: float, start_alpha: torch.Tensor | None = None) -> ActiveSetFit:
     """Primal-dual active-set iteration from a starting partition, lean (no autograd).
@@ -142,7 +178,8 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
 
     Parameters
     ----------
-    gram : Tensor ``[G, n, n]`` (no autograd; entries of masked keys are ignored)
+    gram : Tensor ``[G, n, n]`` (no autograd; entries of masked keys are ignored), or a lazy row provider
+        (:class:`sv_attention.svdd.gram_rows.LazyPrefix`): only the margin and error rows are read
     mask : bool Tensor ``[G, n]``  valid keys
     margin, error : bool Tensor ``[G, n]``  starting partition
     C : float  box
@@ -161,7 +198,7 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
     -------
     ActiveSetFit
     """
-    from sv_attention.svdd.polish import _gram_times_indicator, gather_rows, kkt_violation
+    from sv_attention.svdd.polish import kkt_violation
 
     G, n, _ = gram.shape
     dt, dev = gram.dtype, gram.device
@@ -170,7 +207,7 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
         none = torch.zeros(0, dtype=torch.bool, device=dev)
         return ActiveSetFit(alpha=empty, rho=empty[:, 0], margin=margin, error=error, settled=none,
                             violation=empty[:, 0], steps=0)
-    diag = torch.diagonal(gram, dim1=-2, dim2=-1)
+    diag = _diagonal(gram)
     margin, error = margin & mask, error & mask
     slots = torch.arange(n, device=dev)
     run = solves = 0
@@ -179,9 +216,9 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
         m = max(int(ns.max()), 1)
         order = torch.argsort((~margin).to(torch.int8), dim=-1, stable=True)[:, :m]
         vcf = (slots[:m][None, :] < ns[:, None]).to(dt)
-        rows = gather_rows(gram, order)  # [G, m, n]
+        rows = _rows(gram, order)  # [G, m, n]
         ef = error.to(dt)
-        kef = _gram_times_indicator(gram, error, ef)
+        kef = _times_indicator(gram, error, ef)
         known = False
         if run == 0 and start_alpha is not None:  # the starting partition's solution may be known: no solve
             alpha_c = start_alpha.to(dt).gather(1, order) * vcf
@@ -346,7 +383,7 @@ def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solv
     if not bool(ok.all()):
         bad = (~ok).nonzero().flatten()
         count("warm_pdas_fallback", len(bad))
-        g_bad = gram[bad]
+        g_bad = _dense(gram, bad)  # the fallbacks solve the full problem
         all_keys = torch.ones(len(bad), n, dtype=torch.bool, device=gram.device)
         if new > 0:
             refit = fit_working_set(g_bad, init[bad], C, new, solve=solve, count=count)

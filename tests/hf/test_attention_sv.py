@@ -395,3 +395,17 @@ def test_gated_output_attentions_path_equals_the_fused_path():
     assert torch.allclose(fused, eager, atol=1e-5)
     assert torch.allclose(w.sum(-1), torch.ones(2, 4, 40), atol=1e-5)
     assert (w[:, :, 16:, :8] == 0).any()  # some key of the gated prefix is reserve (alpha = 0)
+
+
+def test_lazy_gram_rows_give_the_dense_gram_gates(monkeypatch):
+    """Above DENSE_GRAM_MAX_BYTES the gate computes Gram rows on demand: same output as the dense Gram."""
+    import sv_attention.hf.sv_gate as sv_gate
+
+    q, k, v = qkv(b=2, q=48, kv=48, d=4, seed=11)
+    mod = Mod(nu=0.5, chunk=8)
+    dense, _ = sv_attention_forward(mod, q, k, v, causal(2, 48, 48)[:, None], scaling=0.5, use_cache=False)
+    before = gate_stats().get("lazy_gram_calls", 0)
+    monkeypatch.setattr(sv_gate, "DENSE_GRAM_MAX_BYTES", 0)
+    lazy, _ = sv_attention_forward(mod, q, k, v, causal(2, 48, 48)[:, None], scaling=0.5, use_cache=False)
+    assert gate_stats().get("lazy_gram_calls", 0) == before + 1
+    assert torch.allclose(lazy, dense, atol=1e-5)
