@@ -110,3 +110,28 @@ def test_decoding_starts_warm_from_the_cached_partition(monkeypatch):
     assert cache.fit_counts == {"cold": 4, "warm": 4 * (len(BOUNDS) - 1)}
     cache.reset()
     assert not cache.partition
+
+
+def test_an_empty_margin_is_counted_not_warned(monkeypatch):
+    """An empty margin set is an exact optimum: compute_boundary_gates counts it without a warning, while a
+    non-converged polish is still warned about."""
+    import warnings
+
+    real = causal._fit_batched
+
+    def with_status(name):
+        def fake(*args, **kw):
+            fit = real(*args, **kw)
+            fit.counts[name] = fit.counts.get(name, 0) + 1
+            return fit
+        return fake
+
+    k = torch.randn(1, 1, 24, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    monkeypatch.setattr(causal, "_fit_batched", with_status("empty margin"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gates = causal.compute_boundary_gates(k, [8, 16], C=0.25, sigma=None, chunk=8)
+    assert gates.status_counts["empty margin"] >= 1
+    monkeypatch.setattr(causal, "_fit_batched", with_status("not converged"))
+    with pytest.warns(RuntimeWarning, match="not converged"):
+        causal.compute_boundary_gates(k, [8, 16], C=0.25, sigma=None, chunk=8)
