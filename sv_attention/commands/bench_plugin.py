@@ -100,6 +100,7 @@ def run_bench(contexts: list[int], new_tokens: int, hidden: int, layers: int, he
     from tqdm import tqdm
 
     import sv_attention
+    from sv_attention.hf.sv_gate import gate_stats
 
     load_before = os.getloadavg()
     impls = [(n, impl, dict(kw)) for n, impl, kw in IMPLEMENTATIONS if only is None or n in only or n == "sdpa"]
@@ -117,6 +118,7 @@ def run_bench(contexts: list[int], new_tokens: int, hidden: int, layers: int, he
         sv_attention.enable(model, impl, **kw)
         time_one(model, warm, 2)
         sv_attention.hf.reset_state(model)
+    stats_before = gate_stats()
     for ctx in contexts:
         ids = torch.randint(0, 256, (1, ctx), generator=gen)
         best: dict[str, dict[str, Any]] = {}
@@ -143,6 +145,10 @@ def run_bench(contexts: list[int], new_tokens: int, hidden: int, layers: int, he
                 "decoded_tokens_equal_sdpa": bool(torch.equal(b["tokens"], ref["tokens"])),
             })
     bar.close()
+    stats_after = gate_stats()
+    # what the sv_attention gate did during the timed runs (fits, fallbacks, dense / lazy Gram calls)
+    sv_gate = {k: v - stats_before.get(k, 0) for k, v in stats_after.items() if v != stats_before.get(k, 0)}
+    sv_gate.setdefault("warm_pdas_fallback", 0)
     targets = {}
     longest = max(contexts)
     for label, (name, what, limit) in TARGETS.items():
@@ -161,7 +167,7 @@ def run_bench(contexts: list[int], new_tokens: int, hidden: int, layers: int, he
                   "vocab": 256, "weights": "random (seeded)"},
         "contexts": contexts, "new_tokens": new_tokens, "repeats": repeats, "sv_repeats": min(repeats, sv_repeats),
         "timing": "min over repeats (interleaved: every implementation once per repeat)",
-        "rows": rows, "targets": targets, "torch_threads": torch.get_num_threads(),
+        "rows": rows, "targets": targets, "sv_gate_stats": sv_gate, "torch_threads": torch.get_num_threads(),
         "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
         "note": "a loaded machine makes these ratios noisy: compare load_average_1m with the core count",
     }

@@ -22,5 +22,7 @@ def test_bench_plugin_smallest_setting(tmp_path, capsys):
         assert r["prefill_tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0
     assert set(data["targets"]) and all("met" in t for t in data["targets"].values())
     assert "provenance" in data
+    stats = data["sv_gate_stats"]  # what the gate did in the timed runs (context 20, chunk 8: 1 layer fits)
+    assert "warm_pdas_fallback" in stats and stats.get("dense_gram_calls", 0) + stats.get("lazy_gram_calls", 0) > 0
     printed = capsys.readouterr().out
     assert "sv_attention" in printed and "target:" in printed
