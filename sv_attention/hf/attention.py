@@ -135,18 +135,6 @@ def _grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     return out, w.reshape(b, h, q, kv)
 
 
-def _fused_grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
-                             bias: torch.Tensor | GateBias | None, scaling: float) -> torch.Tensor:
-    """:func:`_grouped_attention` without weights or dropout through ``scaled_dot_product_attention``.
-
-    :func:`sv_attention.hf.masked_sdpa.grouped_biased_sdpa`: the per-kv-head bias ``[b, g, q|1, kv]`` is the
-    float mask of one call per query head of each kv-head group and block of query rows, each block keeping
-    only the key columns its rows can see (about causal work). fp32 / fp64 queries only (the bias is cast
-    to the query dtype). Returns ``out [b, h, q, d]``; rows with no visible key are 0.
-    """
-    return grouped_biased_sdpa(query, key, value, visible, bias, scaling)
-
-
 def _handoff_bias(handoff: GateHandoff, visible: torch.Tensor, causal: bool, b: int, g: int, q_len: int,
                   kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-bias and visibility from a gate deposited by a certified cache."""
@@ -243,7 +231,7 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
         dense = bias.dense() if isinstance(bias, GateBias) else bias
         out, weights = _grouped_attention(query, key, value, visible, dense, sc, float(dropout))
     else:  # a gate: the fused kernel, equal to _grouped_attention to fp32 rounding (tested)
-        out, weights = _fused_grouped_attention(query, key, value, visible, bias, sc), None
+        out, weights = grouped_biased_sdpa(query, key, value, visible, bias, sc), None
     out = out.transpose(1, 2).contiguous()
     return out, (weights if kwargs.get("output_attentions") else None)
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from sv_attention.svdd.polish import gather_rows
+from sv_attention.kernels import rbf_gram
+from sv_attention.svdd.polish import gather_rows, pack_members
 
 
 class LazyRBFGram:
@@ -33,8 +34,7 @@ class LazyRBFGram:
     def __init__(self, keys: torch.Tensor, sigma: torch.Tensor) -> None:
         self.keys = keys.detach()
         G, N, _ = self.keys.shape
-        self.s2 = (sigma.detach().reshape(-1).to(keys.dtype).expand(G) ** 2).contiguous()
-        self.sq = (self.keys * self.keys).sum(-1)  # [G, N]
+        self.sigma = sigma.detach().reshape(-1).to(keys.dtype).expand(G).contiguous()
         self.slot = torch.full((G, N), -1, dtype=torch.long, device=keys.device)
         self.filled = torch.zeros(G, dtype=torch.long, device=keys.device)
         self.store = self.keys.new_empty(G, 0, N)
@@ -55,15 +55,12 @@ class LazyRBFGram:
             # the distinct missing keys per problem, packed to the front of [G, mm]
             flag = torch.zeros(G, N, dtype=torch.bool, device=index.device)
             flag.scatter_(1, index, missing)
-            count = flag.sum(-1)
-            mm = int(count.max())
-            order = torch.argsort((~flag).to(torch.int8), dim=-1, stable=True)[:, :mm]  # [G, mm]
-            used = torch.arange(mm, device=index.device)[None, :] < count[:, None]
+            order, used, count = pack_members(flag)
+            mm = order.shape[1]
             kj = self.keys.gather(1, order[:, :, None].expand(G, mm, d))  # [G, mm, d]
-            rows = kj @ self.keys.transpose(1, 2)  # [G, mm, N]
-            rows.mul_(-2.0).add_(self.sq.gather(1, order)[:, :, None]).add_(self.sq[:, None, :]).clamp_min_(0.0)
-            rows.scatter_(2, order[:, :, None], 0.0)  # exact zero distance to itself: diagonal exactly 1
-            rows.div_(self.s2[:, None, None]).neg_().exp_()
+            with torch.no_grad():
+                rows = rbf_gram(kj, self.keys, sigma=self.sigma[:, None, None])  # [G, mm, N]
+            rows.scatter_(2, order[:, :, None], 1.0)  # a key against itself: exactly 1, as rbf_gram's diagonal
             need = int((self.filled + count).max())
             if need > self.store.shape[1]:
                 grown = self.keys.new_empty(G, max(need, 2 * self.store.shape[1], 16), N)
@@ -111,9 +108,7 @@ class LazyPrefix:
 
     def dense(self, problems: torch.Tensor | None = None) -> torch.Tensor:
         """The full ``[G', s, s]`` Gram (of ``problems`` only, when given): for fallback solvers."""
-        from sv_attention.kernels import rbf_gram
-
-        keys, s2 = self.parent.keys[:, : self.s], self.parent.s2
+        keys, sigma = self.parent.keys[:, : self.s], self.parent.sigma
         if problems is not None:
-            keys, s2 = keys[problems], s2[problems]
-        return rbf_gram(keys, sigma=s2.sqrt()[:, None, None])
+            keys, sigma = keys[problems], sigma[problems]
+        return rbf_gram(keys, sigma=sigma[:, None, None])

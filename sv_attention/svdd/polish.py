@@ -22,6 +22,7 @@ iteration can oscillate on clustered keys, the best iterate never gets worse).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -89,23 +90,45 @@ def gather_rows(mat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return mat.gather(1, index[:, :, None].expand(G, m, c))
 
 
-def _gram_times_indicator(gram: torch.Tensor, subset: torch.Tensor, subset_f: torch.Tensor) -> torch.Tensor:
+def pack_members(members: torch.Tensor, min_width: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's True positions, increasing, packed to the front of ``[G, m]`` (``m`` = the largest count,
+    at least ``min_width``).
+
+    Returns
+    -------
+    order : long ``[G, m]``  member indices first (slots past a row's count hold non-members)
+    used : bool ``[G, m]``  True on the slots that hold a member
+    count : long ``[G]``  members per row
+    """
+    count = members.sum(-1)
+    m = max(int(count.max()) if members.shape[0] else 0, min_width)
+    order = torch.argsort((~members).to(torch.int8), dim=-1, stable=True)[:, :m]
+    used = torch.arange(m, device=members.device)[None, :] < count[:, None]
+    return order, used, count
+
+
+def gram_rows_of(gram: Any, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``K[g, index[g, i], :]`` of a dense Gram (:func:`gather_rows`) or of a lazy row provider with a
+    ``rows(index)`` method (:class:`sv_attention.svdd.gram_rows.LazyPrefix`)."""
+    return gather_rows(gram, index) if isinstance(gram, torch.Tensor) else gram.rows(index)
+
+
+def _gram_times_indicator(gram: Any, subset: torch.Tensor, subset_f: torch.Tensor) -> torch.Tensor:
     """``K 1_E`` ``[G, n]`` for a key subset ``E`` (bool ``[G, n]``; ``subset_f`` the same as 0/1 floats).
 
     A small subset (the usual error set) is summed from its gathered rows (``K`` is symmetric, so
     ``K 1_E = sum_{j in E} K[j, :]``), which reads ``|E| n`` entries instead of the whole ``[n, n]`` block
-    (the polish calls this once per step); an empty one costs nothing; a large one is the plain product.
+    (the polish calls this once per step); an empty one costs nothing; a large one is the plain product
+    for a dense Gram (a lazy row provider always sums rows).
     """
     G, n, _ = gram.shape
     ne = int(subset.sum(-1).max()) if G > 0 else 0
     if ne == 0:
         return torch.zeros_like(subset_f)
-    if 4 * ne > n:
+    if 4 * ne > n and isinstance(gram, torch.Tensor):
         return (gram @ subset_f[..., None])[..., 0]
-    order = torch.argsort((~subset).to(torch.int8), dim=-1, stable=True)[:, :ne]
-    used = torch.arange(ne, device=gram.device)[None, :] < subset.sum(-1)[:, None]
-    rows = gather_rows(gram, order)
-    return (used.to(gram.dtype)[:, None, :] @ rows)[:, 0]
+    order, used, _ = pack_members(subset)
+    return (used.to(subset_f.dtype)[:, None, :] @ gram_rows_of(gram, order))[:, 0]
 
 
 def _bordered_system(gram: torch.Tensor, margin: torch.Tensor, error: torch.Tensor, C: torch.Tensor,
@@ -123,10 +146,9 @@ def _bordered_system(gram: torch.Tensor, margin: torch.Tensor, error: torch.Tens
     """
     G, n, _ = gram.shape
     dt = gram.dtype
-    ns = margin.sum(-1)
-    m = int(ns.max()) if G > 0 else 0
-    order = torch.argsort((~margin).to(torch.int8), dim=-1, stable=True)[:, :m]
-    vcf = (torch.arange(m, device=gram.device)[None, :] < ns[:, None]).to(dt)
+    order, used, ns = pack_members(margin)
+    m = order.shape[1]
+    vcf = used.to(dt)
     rows = gather_rows(gram, order)
     Kc = rows.gather(2, order[:, None, :].expand(G, m, m))
     ridge_t = ridge if isinstance(ridge, torch.Tensor) else torch.as_tensor(ridge, dtype=dt, device=gram.device)

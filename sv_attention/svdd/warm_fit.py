@@ -136,28 +136,6 @@ def _diagonal(gram: GramLike) -> torch.Tensor:
     return torch.diagonal(gram, dim1=-2, dim2=-1) if isinstance(gram, torch.Tensor) else gram.diagonal()
 
 
-def _rows(gram: GramLike, index: torch.Tensor) -> torch.Tensor:
-    from sv_attention.svdd.polish import gather_rows
-
-    return gather_rows(gram, index) if isinstance(gram, torch.Tensor) else gram.rows(index)
-
-
-def _times_indicator(gram: GramLike, subset: torch.Tensor, subset_f: torch.Tensor) -> torch.Tensor:
-    """``K 1_E`` ``[G, n]`` (dense: :func:`~sv_attention.svdd.polish._gram_times_indicator`; lazy: the sum of
-    the subset's rows, ``K`` being symmetric)."""
-    from sv_attention.svdd.polish import _gram_times_indicator
-
-    if isinstance(gram, torch.Tensor):
-        return _gram_times_indicator(gram, subset, subset_f)
-    cnt = subset.sum(-1)
-    ne = int(cnt.max()) if subset.shape[0] else 0
-    if ne == 0:
-        return torch.zeros_like(subset_f)
-    order = torch.argsort((~subset).to(torch.int8), dim=-1, stable=True)[:, :ne]
-    used = (torch.arange(ne, device=subset.device)[None, :] < cnt[:, None]).to(subset_f.dtype)
-    return (used[:, None, :] @ gram.rows(order))[:, 0]
-
-
 def _dense(gram: GramLike, problems: torch.Tensor) -> torch.Tensor:
     return gram[problems] if isinstance(gram, torch.Tensor) else gram.dense(problems)
 
@@ -198,7 +176,7 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
     -------
     ActiveSetFit
     """
-    from sv_attention.svdd.polish import kkt_violation
+    from sv_attention.svdd.polish import _gram_times_indicator, gram_rows_of, kkt_violation, pack_members
 
     G, n, _ = gram.shape
     dt, dev = gram.dtype, gram.device
@@ -209,16 +187,14 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
                             violation=empty[:, 0], steps=0)
     diag = _diagonal(gram)
     margin, error = margin & mask, error & mask
-    slots = torch.arange(n, device=dev)
     run = solves = 0
     while True:
-        ns = margin.sum(-1)
-        m = max(int(ns.max()), 1)
-        order = torch.argsort((~margin).to(torch.int8), dim=-1, stable=True)[:, :m]
-        vcf = (slots[:m][None, :] < ns[:, None]).to(dt)
-        rows = _rows(gram, order)  # [G, m, n]
+        order, used, ns = pack_members(margin, min_width=1)
+        m = order.shape[1]
+        vcf = used.to(dt)
+        rows = gram_rows_of(gram, order)  # [G, m, n]
         ef = error.to(dt)
-        kef = _times_indicator(gram, error, ef)
+        kef = _gram_times_indicator(gram, error, ef)
         known = False
         if run == 0 and start_alpha is not None:  # the starting partition's solution may be known: no solve
             alpha_c = start_alpha.to(dt).gather(1, order) * vcf
@@ -321,7 +297,7 @@ def fit_working_set(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, 
     -------
     Tensor ``[G, n]``  alpha (``>= 0``)
     """
-    from sv_attention.svdd.polish import gather_rows
+    from sv_attention.svdd.polish import gather_rows, pack_members
 
     G, n, _ = gram.shape
     dev = gram.device
@@ -329,10 +305,8 @@ def fit_working_set(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, 
     inw[:, n - new:] = True
     diag = torch.diagonal(gram, dim1=-2, dim2=-1)
     for _ in range(WS_ROUNDS):
-        cnt = inw.sum(-1)
-        m = int(cnt.max())
-        order = torch.argsort((~inw).to(torch.int8), dim=-1, stable=True)[:, :m]  # set members, increasing
-        wmask = torch.arange(m, device=dev)[None, :] < cnt[:, None]
+        order, wmask, _ = pack_members(inw)  # set members, increasing
+        m = order.shape[1]
         order = torch.where(wmask, order, torch.zeros_like(order))
         rows = gather_rows(gram, order)  # [G, m, n]
         sub = rows.gather(2, order[:, None, :].expand(G, m, m))

@@ -289,7 +289,8 @@ def test_half_precision_inputs_and_per_head_masks():
 
 @pytest.mark.parametrize("bias_rows", [None, "q", 1])
 def test_fused_attention_equals_the_plain_grouped_reference(bias_rows):
-    from sv_attention.hf.attention import _fused_grouped_attention, _grouped_attention
+    from sv_attention.hf.attention import _grouped_attention
+    from sv_attention.hf.masked_sdpa import grouped_biased_sdpa
 
     q, k, v = qkv(b=2, h=6, g=2, q=9, kv=11, d=4, seed=8, dtype=torch.float64)
     vis = causal(2, 9, 11).clone()
@@ -301,7 +302,7 @@ def test_fused_attention_equals_the_plain_grouped_reference(bias_rows):
         bias = torch.randn(2, 2, 9 if bias_rows == "q" else 1, 11, generator=gen, dtype=torch.float64)
         bias[0, 1, ..., 2] = float("-inf")  # a reserve key
     ref, _ = _grouped_attention(q, k, v, vis, bias, 0.3, 0.0)
-    out = _fused_grouped_attention(q, k, v, vis, bias, 0.3)
+    out = grouped_biased_sdpa(q, k, v, vis, bias, 0.3)
     assert torch.isfinite(out).all()
     assert torch.allclose(out, ref, atol=1e-6)  # the reference softmax runs in fp32
     assert (out[1, :, 0] == 0).all()
