@@ -1,65 +1,70 @@
-"""Render README.md from ``docs/readme/*.md`` templates and the numbers in ``results/*.json``.
+"""Render README.md and docs/results.md from jinja templates and the numbers in ``results/*.json``.
 
-README.md is generated, never edited: ``docs/readme/_header.md`` (intro, quick start, versions), a table
-of contents, then one section per area in :data:`SECTION_ORDER` (other ``docs/readme/*.md`` files follow
-alphabetically; a missing one is rendered as a visible note). ``sv-attention render-readme`` writes it and
-``sv-attention render-readme --check`` fails when the committed file differs from a fresh render.
+Both pages are generated, never edited: ``docs/readme/README.md.j2`` (quick start, what it does, how to use
+it, a short results summary) and ``docs/readme/results.md.j2`` (the full measurements; it includes the
+per-area sections ``docs/readme/<area>.md``). ``sv-attention render-readme`` writes them (and re-renders the
+model card, see :mod:`sv_attention.artifact.card`); ``--check`` fails when a committed file differs from a
+fresh render.
 
-Template syntax (inside a section file)
----------------------------------------
-``{{ STEM: PATH | FILTER | ... }}``
-    The value at ``PATH`` in ``results/STEM.json``. ``PATH`` is dotted: ``rows.3.median_delete_ms``.
-    A segment that is an integer indexes a list; ``[key=value,key2=value2]`` selects the one list element
-    (a mapping) whose fields equal those values (numbers compare numerically); ``[some.key]`` (no ``=``)
-    is a mapping key that contains dots. Filters, applied left to right: ``len`` (first only) counts a
-    list or mapping, ``*N`` / ``/N`` scale a number, ``recip`` inverts it, ``int`` rounds it, anything
-    else is a Python format spec (``.2f``, ``.1e``, ``,``, ``.0%``). Strings are written as they are; a
-    list is written as its elements joined by `` / ``.
-``{{ cmd: STEM }}``
-    The command that wrote ``results/STEM.json`` (its ``provenance.command``).
-``{{ summary: NAME NAME ... }}``
-    The "published vs this implementation" table of :mod:`sv_attention.experiments.summary`, restricted
-    to those experiments, in that order.
-``{{ for VAR in STEM: PATH }}`` ... ``{{ end }}`` (each on its own line)
-    Repeats the lines between them for every element of the list (or every value of the mapping) at
-    ``PATH``; inside, ``{{ VAR.PATH | FILTER }}`` reads from the element. ``{{ for KEY, VAR in ... }}``
-    also binds the mapping key (or list index) to ``{{ KEY }}``. ``... PATH if VAR.FIELD }}`` keeps only the
-    elements where ``FIELD`` exists and is not null / false (``if not VAR.FIELD``: the others).
-``{{! TEXT }}``
-    Writes ``{{ TEXT }}`` literally (for code examples that contain braces).
+Template language: jinja2 (``trim_blocks`` / ``lstrip_blocks``, undefined names are errors) with these
+functions, every one reading ``results/STEM.json``:
+
+``v("STEM", "PATH", FILTER, ...)``
+    The value at ``PATH`` (:func:`resolve`: dotted, ``rows.3.ms``, ``rows[n=512].ms``, ``[key.with.dots]``),
+    formatted by :func:`format_value` (``"len"``, ``"*1000"``, ``"/1024"``, ``"recip"``, ``"int"``, a format
+    spec such as ``".2f"``).
+``cmd("STEM")``
+    The command that wrote the file (its ``provenance.command``).
+``each("STEM", "PATH")`` / ``items("STEM", "PATH")``
+    The elements (``(key, element)`` pairs) of a list or mapping, for ``{% for %}``; read an element with
+    ``at(r, "PATH", FILTER, ...)`` and test a field with ``has(r, "FIELD")``.
+``summary("NAME", ...)``, ``rows("NAME", ...)``, ``row("NAME", "METRIC PREFIX")``
+    The "published vs measured" rows of :mod:`sv_attention.published` (as a markdown table, as a list, or
+    the one row whose metric starts with the prefix).
+``headline()`` / ``measured_cell(row)``
+    The rows of :func:`sv_attention.published.headline_rows` and their measured cell.
+``manifest`` / ``manifest_sha256``
+    ``hf_artifact/MANIFEST.json`` (parsed) and its sha256, or None when there is no artifact.
 ``{{ toc }}``
-    The table of contents (only in the header; added after the header when absent).
+    The page's table of contents (GitHub anchors), filled once every heading is known.
 
-A value that cannot be found (no such file, no such path) is written as
-``(not measured: run `COMMAND`)`` and reported as an :class:`Issue`; it is never a silent blank.
-Rendering reads only the templates and the JSON files, so it is deterministic.
+A value that cannot be found (no such file, no such path) is written as ``(not measured: run `COMMAND`)``
+and reported as an :class:`Issue`; it is never a silent blank. Rendering reads only the templates, the
+JSON files and the artifact's manifest, so it is deterministic.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jinja2
+
 from sv_attention.errors import TemplateError
+from sv_attention.published import (
+    experiment_table_rows,
+    fmt,
+    headline_rows,
+    measured,
+    measured_cell,
+    render_markdown,
+)
 from sv_attention.results import repo_root
 
-SECTION_ORDER = ("solver", "gate", "ceq", "plugin", "cache", "model", "training", "experiments")
-"""Areas in the order README.md shows them; other ``docs/readme/*.md`` files follow alphabetically."""
+PAGES = {"README.md": "README.md.j2", "docs/results.md": "results.md.j2"}
+"""Generated page (relative to the repository root) -> its template in ``docs/readme/``."""
 
-HEADER = "_header"
+ARTIFACT_DIR = "hf_artifact"
 GENERATED_NOTE = (
-    "<!-- Generated by `sv-attention render-readme` from docs/readme/*.md and results/*.json. "
+    "<!-- Generated by `sv-attention render-readme` from docs/readme/{template} and results/*.json. "
     "Edit those files, not this one. -->"
 )
-_PLACEHOLDER = re.compile(r"\{\{\s*(.*?)\s*\}\}")
-_FOR = re.compile(r"^\s*\{\{\s*for\s+(?:(\w+)\s*,\s*)?(\w+)\s+in\s+([\w.-]+)\s*:\s*(\S+)"
-                  r"(?:\s+if\s+(not\s+)?(\w+)((?:[.\[]\S*)?))?\s*\}\}\s*$")
-_END = re.compile(r"^\s*\{\{\s*end\s*\}\}\s*$")
+TOC_MARKER = "<!-- sv-attention:toc -->"
 _SEGMENT = re.compile(r"\[([^\]]*)\]|([^.\[\]]+)")
 _SCALE = re.compile(r"^([*/])\s*([0-9.eE+-]+)$")
 _FENCE = re.compile(r"^\s*(```|~~~)")
@@ -69,19 +74,19 @@ _MISSING = object()
 
 @dataclass(frozen=True)
 class Issue:
-    """A value the render could not fill: where, which placeholder, and why."""
+    """A value the render could not fill: where, which expression, and why."""
 
     source: str
     placeholder: str
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.source}: {{{{ {self.placeholder} }}}}: {self.reason}"
+        return f"{self.source}: {self.placeholder}: {self.reason}"
 
 
 @dataclass
 class Rendered:
-    """A rendered README: its text and every value it could not fill."""
+    """A rendered page: its text and every value it could not fill."""
 
     text: str
     issues: list[Issue] = field(default_factory=list)
@@ -243,7 +248,7 @@ def format_value(value: Any, filters: list[str]) -> str:
         else:
             spec = f
     if value is None:
-        return "–"
+        return "not measured"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     if not spec:
@@ -254,138 +259,154 @@ def format_value(value: Any, filters: list[str]) -> str:
         raise TemplateError(f"format spec {spec!r} does not apply to {value!r}: {exc}") from exc
 
 
-def _split_filters(expr: str) -> tuple[str, list[str]]:
-    head, *filters = expr.split("|")
-    return head.strip(), filters
+
+@dataclass(frozen=True)
+class Item:
+    """An element of a result list / mapping handed to a template loop, with the file it came from."""
+
+    stem: str
+    value: Any
 
 
-def _summary_table(names: list[str], results: _Results, source: str, issues: list[Issue], expr: str) -> str:
-    from sv_attention.experiments.summary import experiment_table_rows, render_markdown
-
-    rows = experiment_table_rows(results.directory)
-    picked = []
-    lines = []
-    for name in names:
-        mine = [r for r in rows if r["experiment"] == name]
-        if not mine:
-            issues.append(Issue(source, expr, f"no rows for experiment {name!r} in {results.directory}"))
-            lines.append(f"\n{name}: {results.marker(name)}")
-        picked += mine
-    table = render_markdown(picked).rstrip("\n") if picked else ""
-    return table + "".join(lines)
+def _escape(text: str) -> str:
+    """``|`` escaped so that a value never splits a markdown table cell (multi-line text is left alone)."""
+    return text if "\n" in text else text.replace("|", "\\|")
 
 
-def _expand(expr: str, results: _Results, env: dict[str, Any], source: str, issues: list[Issue]) -> str:
-    """The text of one ``{{ expr }}``."""
-    head, filters = _split_filters(expr)
-    if expr.startswith("!"):
-        return "{{" + expr[1:].rstrip() + " }}"  # an escaped literal: {{! x }} writes {{ x }}
-    if head == "toc" and not filters:
-        return "{{ toc }}"  # filled by render_readme once every heading is known
-    if ":" in head:
-        kind, _, arg = head.partition(":")
-        kind, arg = kind.strip(), arg.strip()
-        if kind == "cmd":
-            cmd = results.command(arg)
-            if results.load(arg) is _MISSING:
-                issues.append(Issue(source, expr, f"results/{arg}.json does not exist"))
-                return results.marker(arg)
-            if cmd is None:
-                issues.append(Issue(source, expr, f"results/{arg}.json records no provenance.command"))
-                return f"(command not recorded in results/{arg}.json)"
-            return cmd
-        if kind == "summary":
-            return _summary_table(arg.split(), results, source, issues, expr)
-        data = results.load(kind)
+class RenderContext:
+    """The template functions (see the module docstring) over one results directory; collects issues."""
+
+    def __init__(self, results_dir: Path, artifact_dir: Path | None = None):
+        self.results = _Results(results_dir, known_commands())
+        self.issues: list[Issue] = []
+        self.artifact_dir = artifact_dir
+        self._rows: list[dict[str, Any]] | None = None
+
+    def _issue(self, ctx: Any, expr: str, reason: str) -> None:
+        self.issues.append(Issue(getattr(ctx, "name", None) or "template", expr, reason))
+
+    def _load(self, ctx: Any, stem: str, expr: str) -> Any:
+        data = self.results.load(stem)
         if data is _MISSING:
-            issues.append(Issue(source, expr, f"results/{kind}.json does not exist"))
-            return results.marker(kind)
-        value = resolve(data, arg)
+            self._issue(ctx, expr, f"results/{stem}.json does not exist")
+        return data
+
+    def value(self, ctx: Any, stem: str, path: str = "", *filters: str) -> str:
+        expr = f"v({stem!r}, {path!r})"
+        data = self._load(ctx, stem, expr)
+        if data is _MISSING:
+            return self.results.marker(stem)
+        value = resolve(data, path)
         if value is _MISSING:
-            issues.append(Issue(source, expr, f"no value at {arg!r} in results/{kind}.json"))
-            return results.marker(kind)
-        return format_value(value, filters)
-    var, _, rest = head.partition(".")
-    if var not in env:
-        raise TemplateError(f"{source}: {{{{ {expr} }}}} is neither STEM: PATH, cmd: STEM, summary: NAMES nor "
-                            f"a loop variable (bound here: {sorted(env) or 'none'})")
-    stem, item = env[var]
-    value = resolve(item, rest)
-    if value is _MISSING:
-        issues.append(Issue(source, expr, f"no value at {rest!r} in an element of results/{stem}.json"))
-        return results.marker(stem)
-    return format_value(value, filters)
+            self._issue(ctx, expr, f"no value at {path!r} in results/{stem}.json")
+            return self.results.marker(stem)
+        return _escape(format_value(value, list(filters)))
 
+    def command(self, ctx: Any, stem: str) -> str:
+        expr = f"cmd({stem!r})"
+        if self._load(ctx, stem, expr) is _MISSING:
+            return self.results.marker(stem)
+        cmd = self.results.command(stem)
+        if cmd is None:
+            self._issue(ctx, expr, f"results/{stem}.json records no provenance.command")
+            return f"(command not recorded in results/{stem}.json)"
+        return cmd
 
-def _substitute(line: str, results: _Results, env: dict[str, Any], source: str, issues: list[Issue]) -> str:
-    in_table = line.lstrip().startswith("|")
-
-    def repl(m: re.Match[str]) -> str:
-        text = _expand(m.group(1), results, env, source, issues)
-        return text.replace("|", "\\|") if in_table and "\n" not in text else text
-
-    return _PLACEHOLDER.sub(repl, line)
-
-
-def _iterate(container: Any) -> Iterator[tuple[Any, Any]]:
-    if isinstance(container, dict):
-        yield from container.items()
-    else:
-        yield from enumerate(container)
-
-
-def render_template(text: str, results: _Results, source: str, issues: list[Issue],
-                    env: dict[str, Any] | None = None) -> str:
-    """Fill every placeholder and ``for`` block of ``text`` (a section template)."""
-    env = dict(env or {})
-    lines = text.split("\n")
-    out: list[str] = []
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        m = _FOR.match(line)
-        if m is None:
-            if _END.match(line):
-                raise TemplateError(f"{source}:{i + 1}: {{{{ end }}}} without a {{{{ for }}}}")
-            out.append(_substitute(line, results, env, source, issues))
-            i += 1
-            continue
-        depth, j = 1, i + 1
-        while j < len(lines):
-            if _FOR.match(lines[j]):
-                depth += 1
-            elif _END.match(lines[j]):
-                depth -= 1
-                if depth == 0:
-                    break
-            j += 1
-        if depth:
-            raise TemplateError(f"{source}:{i + 1}: {{{{ for }}}} without a closing {{{{ end }}}}")
-        key_var, var, stem, path, negate, cond_var, cond_path = m.groups()
-        if cond_var is not None and cond_var not in (var, key_var):
-            raise TemplateError(f"{source}:{i + 1}: the condition must test the loop variable, not {cond_var!r}")
-        body = "\n".join(lines[i + 1:j])
-        data = results.load(stem)
+    def _container(self, ctx: Any, stem: str, path: str, expr: str) -> Any:
+        data = self._load(ctx, stem, expr)
         container = _MISSING if data is _MISSING else resolve(data, path)
-        expr = line.strip()[2:-2].strip()
-        if not isinstance(container, (list, dict)):
-            reason = (f"results/{stem}.json does not exist" if data is _MISSING
-                      else f"no list or mapping at {path!r} in results/{stem}.json")
-            issues.append(Issue(source, expr, reason))
-            out.append(results.marker(stem))
-        else:
-            for key, item in _iterate(container):
-                if cond_var is not None:
-                    probe = resolve(item if cond_var == var else key, (cond_path or "").lstrip("."))
-                    present = probe is not _MISSING and probe is not None and probe is not False
-                    if present == bool(negate):
-                        continue
-                inner = {**env, var: (stem, item)}
-                if key_var:
-                    inner[key_var] = (stem, key)
-                out.append(render_template(body, results, source, issues, inner))
-        i = j + 1
-    return "\n".join(out)
+        if data is not _MISSING and not isinstance(container, (list, dict)):
+            self._issue(ctx, expr, f"no list or mapping at {path!r} in results/{stem}.json")
+        return container if isinstance(container, (list, dict)) else None
+
+    def each(self, ctx: Any, stem: str, path: str = "") -> list[Item]:
+        c = self._container(ctx, stem, path, f"each({stem!r}, {path!r})")
+        values = [] if c is None else list(c.values()) if isinstance(c, dict) else list(c)
+        return [Item(stem, x) for x in values]
+
+    def items(self, ctx: Any, stem: str, path: str = "") -> list[tuple[Any, Item]]:
+        c = self._container(ctx, stem, path, f"items({stem!r}, {path!r})")
+        pairs = [] if c is None else list(c.items()) if isinstance(c, dict) else list(enumerate(c))
+        return [(k, Item(stem, x)) for k, x in pairs]
+
+    def at(self, ctx: Any, item: Any, path: str = "", *filters: str) -> str:
+        stem, data = (item.stem, item.value) if isinstance(item, Item) else (None, item)
+        value = resolve(data, path)
+        if value is _MISSING:
+            where = f"an element of results/{stem}.json" if stem else "a loop value"
+            self._issue(ctx, f"at(..., {path!r})", f"no value at {path!r} in {where}")
+            return self.results.marker(stem) if stem else "(not measured)"
+        return _escape(format_value(value, list(filters)))
+
+    def all_rows(self) -> list[dict[str, Any]]:
+        if self._rows is None:
+            self._rows = experiment_table_rows(self.results.directory)
+        return self._rows
+
+    def rows(self, ctx: Any, *names: str) -> list[dict[str, Any]]:
+        out = []
+        for name in names:
+            mine = [r for r in self.all_rows() if r["experiment"] == name]
+            if not mine:
+                self._issue(ctx, f"rows({name!r})", f"no rows for experiment {name!r} in {self.results.directory}")
+            out += mine
+        return out
+
+    def row(self, ctx: Any, name: str, prefix: str) -> dict[str, Any]:
+        hits = [r for r in self.all_rows() if r["experiment"] == name and str(r["metric"]).startswith(prefix)]
+        if len(hits) > 1:
+            raise TemplateError(f"{getattr(ctx, 'name', 'template')}: row({name!r}, {prefix!r}) matches "
+                                f"{len(hits)} rows; make the prefix longer")
+        if not hits:
+            self._issue(ctx, f"row({name!r}, {prefix!r})", f"no such row in results/{name}.json")
+            return {"experiment": name, "metric": prefix, "published": None, "ours": None,
+                    "command": self.results.command(name) or "", "note": self.results.marker(name)}
+        return hits[0]
+
+    def headline(self, ctx: Any) -> list[dict[str, Any]]:
+        rows = headline_rows(self.results.directory)
+        for r in rows:
+            if r["ours"] is None:
+                self._issue(ctx, f"headline(): {r['experiment']}: {r['metric']}", r.get("note") or "no value")
+        return rows
+
+    def summary(self, ctx: Any, *names: str) -> str:
+        picked = self.rows(ctx, *names)
+        missing = [n for n in names if not any(r["experiment"] == n for r in picked)]
+        table = render_markdown(picked).rstrip("\n") if picked else ""
+        return table + "".join(f"\n{n}: {self.results.marker(n)}" for n in missing)
+
+    def manifest(self) -> tuple[dict[str, Any] | None, str | None]:
+        path = (self.artifact_dir or Path("/nonexistent")) / "MANIFEST.json"
+        if not path.is_file():
+            return None, None
+        raw = path.read_bytes()
+        return json.loads(raw), hashlib.sha256(raw).hexdigest()
+
+    def globals(self) -> dict[str, Any]:
+        """The functions and values a template sees."""
+        manifest, digest = self.manifest()
+
+        def wrap(method: Any) -> Any:
+            return jinja2.pass_context(lambda ctx, *args: method(ctx, *args))
+
+        return {"v": wrap(self.value), "cmd": wrap(self.command), "each": wrap(self.each),
+                "items": wrap(self.items), "at": wrap(self.at), "has": has, "rows": wrap(self.rows),
+                "row": wrap(self.row), "summary": wrap(self.summary), "fmt": fmt, "measured": measured,
+                "headline": wrap(self.headline), "measured_cell": measured_cell,
+                "manifest": manifest, "manifest_sha256": digest, "toc": TOC_MARKER}
+
+
+def has(item: Any, path: str) -> bool:
+    """True when ``path`` exists in the loop element and is not null / false."""
+    value = resolve(item.value if isinstance(item, Item) else item, path)
+    return value is not _MISSING and value is not None and value is not False
+
+
+def environment(sections_dir: Path) -> jinja2.Environment:
+    """The jinja environment of the page templates (undefined names raise)."""
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(sections_dir)), undefined=jinja2.StrictUndefined,
+                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
 
 
 def github_anchor(title: str) -> str:
@@ -426,71 +447,78 @@ def table_of_contents(markdown: str, skip: tuple[str, ...] = ("Contents",)) -> s
     return "\n".join(lines)
 
 
-def section_files(sections_dir: Path) -> list[tuple[str, Path | None]]:
-    """``(area, path)`` in README order; ``path`` is None for an area in :data:`SECTION_ORDER` that has no
-    file. Files starting with ``_`` (the header) are not sections."""
-    present = {p.stem: p for p in sorted(sections_dir.glob("*.md")) if not p.stem.startswith("_")}
-    out: list[tuple[str, Path | None]] = [(a, present.get(a)) for a in SECTION_ORDER]
-    out += [(a, p) for a, p in sorted(present.items()) if a not in SECTION_ORDER]
-    return out
-
-
-def render_readme(root: str | Path | None = None, results_dir: str | Path | None = None,
-                  sections_dir: str | Path | None = None) -> Rendered:
-    """Render README.md's text from the header, the section templates and the result files.
+def render_page(template: str, root: str | Path | None = None, results_dir: str | Path | None = None,
+                sections_dir: str | Path | None = None, artifact_dir: str | Path | None = None) -> Rendered:
+    """Render one page template from ``docs/readme/`` with the result files.
 
     Parameters
     ----------
+    template
+        Template file name in ``sections_dir`` (``README.md.j2``, ``results.md.j2``).
     root
         Repository root (default: the checkout this package lives in).
     results_dir
         Where the ``STEM.json`` files are read from (default ``ROOT/results``).
     sections_dir
-        Where ``_header.md`` and the section templates are (default ``ROOT/docs/readme``).
+        Where the templates are (default ``ROOT/docs/readme``).
+    artifact_dir
+        The exported artifact whose manifest the page may cite (default ``ROOT/hf_artifact``).
 
     Returns
     -------
     Rendered
-        The text (ending in one newline) and every placeholder that could not be filled.
+        The text (ending in one newline) and every value that could not be filled.
+
+    Raises
+    ------
+    TemplateError
+        A template is missing, has a syntax error, or uses an undefined name.
     """
     root = Path(root) if root is not None else repo_root()
     sdir = Path(sections_dir) if sections_dir is not None else root / "docs" / "readme"
-    results = _Results(Path(results_dir) if results_dir is not None else root / "results", known_commands())
-    issues: list[Issue] = []
-    header_path = sdir / f"{HEADER}.md"
-    if header_path.is_file():
-        header = render_template(header_path.read_text(), results, header_path.name, issues)
-    else:
-        issues.append(Issue(header_path.name, "header", "docs/readme/_header.md does not exist"))
-        header = "# sv-attention\n\n> **Header missing:** `docs/readme/_header.md` does not exist."
-    parts = []
-    for area, path in section_files(sdir):
-        if path is None:
-            issues.append(Issue(f"{area}.md", "section", f"docs/readme/{area}.md does not exist"))
-            parts.append(f"> **Section missing:** `docs/readme/{area}.md` does not exist yet, so the {area} "
-                         "section is not in this README.")
-            continue
-        parts.append(render_template(path.read_text(), results, path.name, issues).strip("\n"))
-    body = "\n\n".join(parts)
-    toc_marker = re.compile(r"^\{\{[ \t]*toc[ \t]*\}\}[ \t]*$", re.MULTILINE)
-    provisional = toc_marker.sub("", header) + "\n\n" + body
-    toc = table_of_contents(provisional)
-    if toc_marker.search(header):
-        header = toc_marker.sub(lambda _m: toc, header)
-    else:
-        header = header.rstrip("\n") + "\n\n" + toc
-    text = GENERATED_NOTE + "\n" + header.strip("\n") + "\n\n" + body + "\n"
-    return Rendered(text=text, issues=issues)
+    rdir = Path(results_dir) if results_dir is not None else root / "results"
+    adir = Path(artifact_dir) if artifact_dir is not None else root / ARTIFACT_DIR
+    context = RenderContext(rdir, adir)
+    try:
+        text = environment(sdir).get_template(template).render(**context.globals())
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"{exc.name or template}:{exc.lineno}: {exc.message}") from exc
+    except jinja2.TemplateNotFound as exc:
+        raise TemplateError(f"template {exc.name} not found in {sdir}") from exc
+    except jinja2.TemplateError as exc:
+        raise TemplateError(f"{template}: {exc}") from exc
+    if TOC_MARKER in text:
+        text = text.replace(TOC_MARKER, table_of_contents(text.replace(TOC_MARKER, "")))
+    text = GENERATED_NOTE.format(template=template) + "\n" + text.strip("\n") + "\n"
+    return Rendered(text=text, issues=context.issues)
 
 
-def check_readme(readme: str | Path | None = None, **kwargs: Any) -> tuple[bool, Rendered, str]:
-    """Compare ``readme`` (default ``ROOT/README.md``) with a fresh render.
+def render_readme(**kwargs: Any) -> Rendered:
+    """README.md's text (:func:`render_page` of ``README.md.j2``)."""
+    return render_page(PAGES["README.md"], **kwargs)
+
+
+def check_pages(root: str | Path | None = None, **kwargs: Any) -> list[tuple[Path, bool, Rendered, str]]:
+    """Render every page of :data:`PAGES` and compare it with the file.
 
     Returns
     -------
-    (same, rendered, current)
-        Whether the file equals the render, the render, and the file's text ("" when it does not exist).
+    list of (path, same, rendered, current)
+        Per page: its path, whether the file equals the render, the render, and the file's text ("" when
+        it does not exist).
     """
+    root = Path(root) if root is not None else repo_root()
+    out = []
+    for rel, template in PAGES.items():
+        path = root / rel
+        rendered = render_page(template, root=root, **kwargs)
+        current = path.read_text() if path.is_file() else ""
+        out.append((path, current == rendered.text, rendered, current))
+    return out
+
+
+def check_readme(readme: str | Path | None = None, **kwargs: Any) -> tuple[bool, Rendered, str]:
+    """Compare ``readme`` (default ``ROOT/README.md``) with a fresh render of ``README.md.j2``."""
     root = Path(kwargs.get("root") or repo_root())
     path = Path(readme) if readme is not None else root / "README.md"
     rendered = render_readme(**kwargs)

@@ -1,235 +1,140 @@
-"""Render the model card (``README.md`` of the artifact, ``MODEL_CARD.md`` at the repository root) from data.
+"""The model card (``README.md`` of the artifact, ``MODEL_CARD.md`` at the repository root), rendered with
+``huggingface_hub.ModelCard.from_template`` from the jinja template ``model_card.md.j2`` next to this file.
 
-Nothing in the card is typed by hand: parameter counts, hashes, versions and provenance come from the
-manifest; result tables come from ``results/*.json`` (written by :func:`sv_attention.results.write_result`)
-and every number sits next to the command that produced it. Limits come first.
+Nothing in the card is typed by hand: the model's shape, parameter counts, hashes, versions and training
+record come from the manifest; the results table comes from ``results/*.json`` through
+:mod:`sv_attention.published` (the headline rows), and those JSON files ship inside the artifact under
+``results/`` (with the twins' training-curve figure), so the card links them instead of dumping them.
+:func:`refresh_card` re-renders the card of an exported folder from its manifest and the current results
+(``sv-attention render-readme`` calls it) and re-hashes the folder's files in the manifest.
 """
 
 from __future__ import annotations
 
-import json
-import math
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-MAX_ROWS_PER_RESULT = 24
+from sv_attention.artifact.manifest import hash_files, read_manifest, write_manifest
+from sv_attention.published import fmt, headline_rows, measured_cell
+
+TEMPLATE = Path(__file__).with_name("model_card.md.j2")
+RESULTS_SUBDIR = "results"
+CURVES_JSON = "train_twins.json"
+CURVES_FIGURE = "train_twins.png"
+"""The twins' training curves (``sv-attention plot-twins`` draws the figure from the JSON)."""
+MAX_LIMITS = 6
+REPO_PLACEHOLDER = "ORG/NAME"
+PROMPT = "Once upon a time"
 
 _OPERATOR_LIMITS = {
-    "sv": [
-        "**Certified vs not.** Only the exact fp64 maintained solver (`sv_attention.svdd.IncrementalSVDD`) "
-        "issues certificates: reserve tokens with alpha exactly 0 (evicting them provably leaves the output "
-        "unchanged) and exact deletion (a decrement reaches the state a refit without the token reaches, "
-        "same fixed C). The gates this model computes in its forward pass, in training and in `generate`, "
-        "come from the **batched training path** (a batched partition finder + a ridged bordered-KKT "
-        "solve): a stabilised approximation that carries **no deletion certificate**.",
-        "**The local window is deleted by masking.** Deleting a token of the current chunk masks its slot "
-        "and renormalises; there is no SV certificate for it. Only long-range (gated-prefix) deletions use "
-        "the exact decrement.",
-        "**Certificates are momentary.** Reserve inertness is certified at the moment of eviction; a later "
-        "admission can revive an evicted key. The certified cache re-checks evicted keys at every admission; "
-        "a failed check is reported, never hidden.",
-        "**Warm-up.** Below ceil(1/C) + 2 keys (and in chunk 0) the layer is plain causal softmax and no "
-        "certificate exists.",
-    ],
-    "ceq": [
-        "**ceq (hybrid).** stock softmax + sum_h (alpha A)^h v with a learnable per-layer alpha initialised "
-        "at 0 (at initialisation the model is exactly softmax attention). The hop sum is truncated at "
-        "`hops`; the truncation bound rho^(K+1)/(1-rho) only exists for rho < 1.",
-    ],
-    "ceq_path_sum": [
-        "**ceq path-sum.** (I + A + ... + A^K) v with no softmax underneath, truncated at `hops`; the "
-        "truncation bound rho^(K+1)/(1-rho) only exists for rho < 1 (the sgate default rho = 1.5 has none).",
-    ],
-    "smprime": [
-        "**smprime.** W_ij = G_ij exp(qk q_i.k_j/sqrt(d)) / Z_i^beta with a complex path product G; beta, qk "
-        "and g are learnable per layer (initialised from the config). Decoding recomputes the new rows from "
-        "the cached queries and gates (O(s^2) per step, exact, not a recurrent state).",
-    ],
+    "sv": ["The gates computed in `forward` and `generate` come from the batched training solver and carry "
+           "no deletion certificate; certified eviction and exact deletion need the sv-attention package "
+           "(`CertifiedCache` and its exact fp64 solver).",
+           "In the first chunk ({chunk} bytes) and below ceil(1/C) + 2 keys a layer is plain causal softmax."],
+    "ceq": ["ceq is softmax + sum_h (alpha A)^h v with a learnable per-layer alpha (0 at initialisation, where "
+            "it is exactly softmax); the hop sum is truncated at `hops`."],
+    "ceq_path_sum": ["ceq path-sum is (I + A + ... + A^K) v with no softmax underneath, truncated at `hops`; "
+                     "the truncation bound rho^(K+1)/(1-rho) exists only for rho < 1."],
+    "smprime": ["smprime's normaliser exponent beta is learnable per layer; a beta the beta test calls pinned "
+                "(Lambda <= {chi2}) means beta = 1 was not rejected, not that it equals 1."],
 }
-
-_NON_SV_CERTIFICATE = (
-    "**No certificate for this operator.** sv-attention's certified eviction and exact deletion come from "
-    "the exact fp64 SVDD solver of the `sv` operator (and the certified cache); a `{op}` model carries "
-    "no such guarantee: deleting a token from its context is plain masking."
-)
+_NO_CERTIFICATE = ("No certificate: certified eviction and exact deletion belong to the `sv` operator; deleting "
+                   "a token from this model's context is plain masking.")
 
 
-def beta_limit() -> str:
-    """The pinned-vs-exact wording for beta, with the test's constants from :mod:`sv_attention.ops.beta_test`."""
-    from sv_attention.ops.beta_test import CHI2_95_1DOF
+def dataset_id(training: dict[str, Any]) -> str | None:
+    """The card's ``datasets`` entry: a Hub dataset's id, or an honest name for the embedded generated
+    corpus (it is not on the Hub); None for local files or no record."""
+    kind = training.get("dataset_kind")
+    if kind == "hub":
+        return training.get("dataset")
+    if kind == "embedded":
+        source = ((training.get("data") or {}).get("source") or {})
+        return f"sv-attention-generated-stories-v{source.get('generator_version', 1)}"
+    return None
 
-    return (
-        "**beta: pinned is not exact.** smprime's normaliser exponent beta is a learnable scalar per layer. "
-        "The project's beta test (`sv_attention.ops.beta_test.beta_lrt`) calls a layer "
-        f"PINNED when the likelihood-ratio statistic Lambda <= {CHI2_95_1DOF} (the chi-square(1) 0.95 "
-        "quantile): beta = 1 is *not rejected* on that held-out batch, which is not a measurement that beta "
-        f"equals 1 exactly; the smallest deviation the batch could detect is sqrt({CHI2_95_1DOF} / I) (I: the "
-        "observed information from the exact second derivative). MOVED means Lambda > ln n (n scored tokens); "
-        "in between, beta = 1 is rejected at 0.95 but below description length. A pinned beta in a results "
-        "table is a test verdict with its resolution, never an exact value."
+
+def card_metadata(manifest: dict[str, Any], *, license: str = "apache-2.0",
+                  datasets: list[str] | None = None) -> ModelCardData:
+    """YAML metadata: license, language, library, pipeline, tags, datasets and a ``model-index`` with the
+    validation bits per byte when the training record has it."""
+    model, training = manifest["model"], manifest.get("training") or {}
+    op = model["operator"]
+    ds = dataset_id(training)
+    datasets = datasets if datasets is not None else ([ds] if ds else None)
+    evals = None
+    if isinstance(training.get("val_bpb"), (int, float)) and datasets:
+        source = ((training.get("data") or {}).get("source") or {})
+        name = ("generated children's stories (sv_attention.data.stories, not a Hub dataset)"
+                if training.get("dataset_kind") == "embedded" else str(training.get("dataset")))
+        val_bytes = ((training.get("data") or {}).get("validation") or {}).get("n_bytes")
+        split = f"validation (last {val_bytes:,} bytes)" if isinstance(val_bytes, int) else "validation"
+        evals = [EvalResult(task_type="text-generation", task_name="Causal language modeling",
+                            dataset_type=datasets[0], dataset_name=name, dataset_split=split,
+                            dataset_revision=(source.get("sha256") or None),
+                            metric_type="bits_per_byte", metric_name="validation bits per byte",
+                            metric_value=round(float(training["val_bpb"]), 4))]
+    return ModelCardData(
+        language="en", license=license, library_name="transformers", pipeline_tag="text-generation",
+        tags=["custom_code", "sv-attention", "byte-level", f"operator-{op}", "causal-lm"],
+        datasets=datasets or None, model_name=f"sv-attention byte LM ({op})" if evals else None,
+        eval_results=evals,
     )
 
 
-_GENERAL_LIMITS = [
-    "**Small byte-level research model.** Vocabulary of 256 bytes, context of {block} bytes (longer inputs "
-    "are refused), {layers} layers of width {width}. It is a vehicle for comparing attention operators with "
-    "an identical backbone, not a general-purpose language model; it has no safety tuning and will produce "
-    "fluent-looking nonsense.",
-    "**Numbers are from this repository's commands** on the machine named in each result's provenance; "
-    "CPU timings on a shared machine are noisy, ratios measured side by side in one run are the meaningful "
-    "quantity.",
-]
+def limits(manifest: dict[str, Any]) -> list[str]:
+    """At most :data:`MAX_LIMITS` short bullets: the model's size, its data, the operator's caveats, timings."""
+    from sv_attention.ops.beta_test import CHI2_95_1DOF
+
+    model, training = manifest["model"], manifest.get("training") or {}
+    op, knobs = model["operator"], model.get("operator_config") or {}
+    out = [f"Small byte-level research model: {manifest['parameters']['total']:,} parameters, "
+           f"{model['num_hidden_layers']} layers of width {model['hidden_size']}, a context of "
+           f"{model['max_position_embeddings']} bytes (longer inputs are refused), no safety tuning."]
+    if training.get("dataset_kind") == "embedded":
+        out.append("Trained only on a generated English story corpus with a vocabulary of a few hundred words: "
+                   "outside such stories it writes fluent-looking nonsense, and its bits per byte are far below "
+                   "what natural text gives.")
+    elif training:
+        out.append(f"Trained only on {training.get('dataset')}; not evaluated on anything else.")
+    out += [s.format(chunk=knobs.get("chunk"), chi2=CHI2_95_1DOF) for s in _OPERATOR_LIMITS.get(op, [])]
+    if op == "sv" and knobs.get("detach_gate", True):
+        out.append("As published, the gate is detached in training: it shapes attention but is not trained.")
+    if op != "sv":
+        out.append(_NO_CERTIFICATE)
+    out.append("Timings are from a shared CPU machine; ratios measured side by side in one run are the "
+               "meaningful quantity.")
+    return out[:MAX_LIMITS]
 
 
-def load_results(results_dir: str | Path | None) -> list[dict[str, Any]]:
-    """Every ``*.json`` result in ``results_dir`` (sorted by name); unreadable files are skipped with a note."""
-    if results_dir is None:
-        return []
-    d = Path(results_dir)
-    if not d.is_dir():
-        return []
-    out = []
-    for p in sorted(d.glob("*.json")):
-        try:
-            data = json.loads(p.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            out.append({"name": p.stem, "_error": f"unreadable: {exc}", "_file": p.name})
-            continue
-        if isinstance(data, dict):
-            data.setdefault("name", p.stem)
-            data["_file"] = p.name
-            out.append(data)
-    return out
-
-
-def _numbers(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """Numeric leaves of a JSON object as (dotted path, value), provenance excluded."""
-    rows: list[tuple[str, Any]] = []
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            if k in ("provenance", "name") or str(k).startswith("_"):
-                continue
-            rows += _numbers(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(obj, list):
-        if len(obj) <= 64:
-            for i, v in enumerate(obj):
-                rows += _numbers(v, f"{prefix}[{i}]")
-    elif isinstance(obj, bool):
-        return rows
-    elif isinstance(obj, (int, float)):
-        rows.append((prefix, obj))
-    elif isinstance(obj, str) and obj in ("nan", "inf", "-inf"):
-        rows.append((prefix, obj))
-    return rows
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return repr(v)
-        return f"{v:.4g}"
-    return str(v)
-
-
-def _published_rows(results: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], set[str]]:
-    """Published-vs-ours rows (:mod:`sv_attention.experiments.summary`) and the files that gave rows."""
-    try:
-        from sv_attention.experiments.summary import rows_for
-    except ImportError:  # pragma: no cover - the experiments layer is optional for the card
-        return [], set()
-    rows: list[dict[str, Any]] = []
-    used: set[str] = set()
-    for res in results:
-        if "_error" in res:
-            continue
-        got = rows_for(str(res.get("name", res["_file"])), res)
-        if got:
-            rows += got
-            used.add(res["_file"])
-    return rows, used
-
-
-def render_results(results: list[dict[str, Any]]) -> str:
-    """Markdown: the published-vs-this-implementation table (files with ``table`` / ``published``), then
-    one table per other result file; the producing command sits beside every number."""
-    if not results:
-        return "_No results/*.json were present when this card was rendered._\n"
-    parts = []
-    rows, used = _published_rows(results)
-    if rows:
-        from sv_attention.experiments.summary import render_markdown
-
-        parts.append("### Published vs this implementation\n")
-        parts.append(render_markdown(rows))
-    for res in results:
-        if res.get("_file") in used:
-            continue
-        name = res.get("name", res.get("_file", "?"))
-        parts.append(f"### {name}\n")
-        if "_error" in res:
-            parts.append(f"`{res['_file']}`: {res['_error']}\n")
-            continue
-        prov = res.get("provenance") or {}
-        command = prov.get("command", "(command not recorded)")
-        rows = _numbers(res)
-        if not rows:
-            parts.append(f"`{res['_file']}` holds no numbers.\n")
-            continue
-        parts.append("| quantity | value | command |\n|---|---|---|")
-        for path, value in rows[:MAX_ROWS_PER_RESULT]:
-            parts.append(f"| {path} | {_fmt(value)} | `{command}` |")
-        extra = len(rows) - MAX_ROWS_PER_RESULT
-        tail = f"{extra} more numbers in `results/{res['_file']}`; " if extra > 0 else ""
-        parts.append(
-            f"\n{tail}source `results/{res['_file']}`, git commit `{prov.get('git_commit')}`, "
-            f"sv-attention {prov.get('sv_attention')}, torch {prov.get('torch')}, "
-            f"{prov.get('machine')} x{prov.get('cpu_count')}, {prov.get('timestamp_utc')}.\n"
-        )
-    return "\n".join(parts) + "\n"
-
-
-def _param_table(params: dict[str, Any]) -> str:
-    rows = [
-        ("total (unique; tied head counted once)", params["total"]),
-        ("trainable", params["trainable"]),
-        ("excluding the tied head (token embedding)", params["excluding_tied_head"]),
-        ("excluding embeddings (token + position)", params["excluding_embeddings"]),
-        ("operator-specific", params["operator_specific_total"]),
-    ]
-    lines = ["| count | parameters |", "|---|---|"] + [f"| {k} | {v:,} |" for k, v in rows]
-    lines += ["", "| top-level module | parameters |", "|---|---|"]
-    tied = params.get("tied") or {}
-    for mod, n in params["per_module"].items():
-        note = ""
-        for head, src in tied.items():
-            if head.rsplit(".", 1)[0] == mod:
-                note = f" (tied to `{src}`)"
-        lines.append(f"| `{mod}` | {n:,}{note} |")
-    if params["operator_specific"]:
-        lines += ["", "| operator-specific tensor | parameters |", "|---|---|"]
-        lines += [f"| `{k}` | {v:,} |" for k, v in params["operator_specific"].items()]
-    return "\n".join(lines) + "\n"
-
-
-def _training_line(training: dict[str, Any]) -> str:
+def _training_lines(training: dict[str, Any]) -> list[str]:
     if not training:
-        return "no training record was given (weights as exported; see the producing command)"
-    parts = [f"data: {training.get('dataset')} ({training.get('dataset_kind')})"]
-    data = training.get("data")
-    if isinstance(data, dict):
-        tr = data.get("train") or {}
-        if tr:
-            parts.append(f"{tr.get('n_bytes'):,} training bytes (sha256 `{str(tr.get('sha256'))[:16]}...`)")
-    parts.append(f"steps: {training.get('steps')}")
+        return ["No training record was given (weights as exported)."]
+    data = training.get("data") or {}
+    source = data.get("source") or {}
+    cfg = training.get("train_config") or {}
+    lines = [f"data: {source.get('description') or training.get('dataset')}"]
+    tr, va = data.get("train") or {}, data.get("validation") or {}
+    if tr:
+        split = f"split: {tr['n_bytes']:,} training bytes"
+        if va:
+            split += f", the last {va['n_bytes']:,} bytes for validation (sha256 `{str(va.get('sha256'))[:16]}...`)"
+        lines.append(split)
+    budget = f"{training.get('steps')} steps"
+    if cfg:
+        budget += (f" x {cfg.get('batch_size')} sequences x {cfg.get('block_size')} bytes, AdamW lr {cfg.get('lr')} "
+                   f"(warm-up {cfg.get('warmup_steps')} steps, cosine to {cfg.get('min_lr_ratio')}x), weight decay "
+                   f"{cfg.get('weight_decay')}, seed {cfg.get('seed')}")
     if isinstance(training.get("tokens_seen"), int):
-        parts.append(f"tokens seen: {training['tokens_seen']:,}")
+        budget += f"; {training['tokens_seen']:,} bytes seen"
+    lines.append(budget)
     if isinstance(training.get("val_bpb"), (int, float)):
-        parts.append(f"validation bits/byte at export: {training['val_bpb']:.4f}")
-    return "; ".join(parts)
+        lines.append(f"validation bits per byte at export: {training['val_bpb']:.4f}")
+    return lines
 
 
 def _tree_note(prov: dict[str, Any]) -> str:
@@ -240,125 +145,162 @@ def _tree_note(prov: dict[str, Any]) -> str:
     return ""
 
 
-def _operator_limits(op: str, knobs: dict[str, Any]) -> list[str]:
-    lines = list(_OPERATOR_LIMITS.get(op, []))
-    if op == "sv":
-        if knobs.get("solver") == "exact":
-            lines[0] = lines[0].replace(
-                "come from the **batched training path** (a batched partition finder + a ridged bordered-KKT "
-                "solve): a stabilised approximation that carries **no deletion certificate**.",
-                "come from the exact fp64 solver (`solver=\"exact\"`, no gradient); the batched training "
-                "path, used when training, carries **no deletion certificate**.")
-        if knobs.get("detach_gate", True):
-            lines.append("**Detached gate.** As published, no gradient flows through alpha in training: the "
-                         "gate shapes the attention but is not itself trained.")
-    else:
-        lines.append(_NON_SV_CERTIFICATE.format(op=op))
-    return lines + [beta_limit()]
+def _intro(manifest: dict[str, Any]) -> str:
+    model, training = manifest["model"], manifest.get("training") or {}
+    op = model["operator"]
+    what = {"sv": "support-vector attention (`sv`): softmax attention gated by the support coefficients of a "
+                  "one-class SVM (SVDD) fitted on the keys",
+            "ceq": "`ceq`: softmax plus signed causal path-sum hops",
+            "ceq_path_sum": "the signed causal path sum `ceq_path_sum`",
+            "smprime": "`smprime`, exp attention with a complex path-product gate",
+            "softmax": "plain causal softmax", "swa": "sliding-window softmax"}.get(op, f"`{op}`")
+    text = (f"A {model['num_hidden_layers']}-layer, width-{model['hidden_size']}, "
+            f"{model['num_attention_heads']}-head byte-level causal language model "
+            f"({manifest['parameters']['total']:,} parameters) whose attention is {what}. ")
+    if training:
+        bpb = training.get("val_bpb")
+        text += (f"It was trained for {training.get('steps')} steps on "
+                 f"{'a generated English story corpus' if training.get('dataset_kind') == 'embedded' else training.get('dataset')}"
+                 + (f" (validation {bpb:.3f} bits per byte)" if isinstance(bpb, (int, float)) else "")
+                 + ", next to softmax and sliding-window twins with the same backbone. ")
+    return text + ("It is a research artifact of the sv-attention project for comparing attention operators, "
+                   "not a general-purpose model.")
 
 
-def render_card(manifest: dict[str, Any], *, results: list[dict[str, Any]] | None = None,
-                results_dir: str | Path | None = None, license: str = "apache-2.0",
+def copy_results(results_dir: str | Path | None, out: str | Path) -> list[str]:
+    """Copy ``results_dir/*.json`` and the curves figure into ``out/results`` (replacing what was there);
+    return the copied names."""
+    dst = Path(out) / RESULTS_SUBDIR
+    if dst.exists():
+        shutil.rmtree(dst)
+    if results_dir is None or not Path(results_dir).is_dir():
+        return []
+    src = Path(results_dir)
+    names = sorted(p.name for p in src.glob("*.json")) + ([CURVES_FIGURE] if (src / CURVES_FIGURE).is_file() else [])
+    if names:
+        dst.mkdir(parents=True)
+    for name in names:
+        shutil.copyfile(src / name, dst / name)
+    return names
+
+
+def render_card(manifest: dict[str, Any], *, results_dir: str | Path | None = None, license: str = "apache-2.0",
                 datasets: list[str] | None = None, repo_id: str | None = None) -> ModelCard:
-    """Render the model card from the manifest and result files.
+    """Render the model card from the manifest and the result files.
 
     Parameters
     ----------
     manifest : dict
-        As written by :func:`sv_attention.artifact.manifest.build_manifest` (``files`` may be empty when
-        the card is rendered before the folder is hashed).
-    results : list of result dicts, optional
-        Defaults to :func:`load_results` of ``results_dir``.
-    license, datasets, repo_id : card metadata; ``datasets`` defaults to the training record's.
+        As written by :func:`sv_attention.artifact.manifest.build_manifest`.
+    results_dir : path, optional
+        The ``results/`` folder the card's table reads (the artifact's own copy when exporting); links in the
+        card point at ``results/NAME`` relative to the card. None: no results table.
+    license, datasets, repo_id
+        Card metadata (``datasets`` defaults to :func:`dataset_id` of the training record) and the repository
+        id shown in the usage snippet (default a placeholder).
 
     Returns
     -------
-    huggingface_hub.ModelCard with YAML metadata (license, library_name, pipeline_tag, tags, datasets).
+    huggingface_hub.ModelCard
     """
-    if results is None:
-        results = load_results(results_dir)
-    model = manifest["model"]
-    params = manifest["parameters"]
-    training = manifest.get("training") or {}
-    if datasets is None:  # only Hub datasets belong in the metadata
-        datasets = [training["dataset"]] if training.get("dataset_kind") == "hub" and training.get("dataset") else []
-    op = model["operator"]
-    data = ModelCardData(
-        license=license, library_name="transformers", pipeline_tag="text-generation",
-        tags=["custom_code", "sv-attention", "byte-level", f"operator-{op}", "causal-lm"],
-        datasets=datasets or None,
-    )
-    repo = repo_id or "ORG/NAME"
-    limits = [s.format(block=model["max_position_embeddings"], layers=model["num_hidden_layers"],
-                       width=model["hidden_size"]) for s in _GENERAL_LIMITS]
-    limits = _operator_limits(op, model["operator_config"]) + limits
-    if op == "ceq_path_sum" and model["operator_config"].get("rho", 0) < 1:
-        limits[0] = limits[0].replace(" (the sgate default rho = 1.5 has none)", "")
-    prov = manifest.get("provenance", {})
-    versions = manifest.get("versions", {})
+    params, model = manifest["parameters"], manifest["model"]
+    rows = []
+    if results_dir is not None and Path(results_dir).is_dir() and any(Path(results_dir).glob("*.json")):
+        rows = [{"label": r["label"], "published": fmt(r["published"]).replace("|", "\\|"),
+                 "measured": measured_cell(r)} for r in headline_rows(results_dir)]
+    has_figure = results_dir is not None and (Path(results_dir) / CURVES_FIGURE).is_file()
     files = manifest.get("files", {})
-    weights = {k: v for k, v in files.items() if k.endswith(".safetensors")}
-    code = {k: v for k, v in files.items() if k.endswith(".py")}
-    reading = params.get("published_reading", {})
-    train_lines = _training_line(training)
-    body = f"""
-# sv-attention byte-level LM (`{op}` operator)
+    weights = ", ".join(f"`{k}` sha256 `{v['sha256']}` ({v['size']:,} bytes)"
+                        for k, v in sorted(files.items()) if k.endswith(".safetensors"))
+    versions = manifest.get("versions", {})
+    prov = manifest.get("provenance", {})
+    counts = [("total (the tied head counted once)", params["total"]),
+              ("excluding the tied head (token embedding)", params["excluding_tied_head"]),
+              ("excluding embeddings (token + position)", params["excluding_embeddings"]),
+              ("operator-specific", params["operator_specific_total"])]
+    card = ModelCard.from_template(
+        card_metadata(manifest, license=license, datasets=datasets), template_path=str(TEMPLATE),
+        title=f"sv-attention byte-level LM (`{model['operator']}` operator)", intro=_intro(manifest),
+        repo=repo_id or REPO_PLACEHOLDER, prompt=PROMPT,
+        new_tokens=max(1, min(64, model["max_position_embeddings"] - len(PROMPT.encode()))), limits=limits(manifest), rows=rows,
+        figure=f"{RESULTS_SUBDIR}/{CURVES_FIGURE}" if has_figure else None,
+        curves_json=f"{RESULTS_SUBDIR}/{CURVES_JSON}", training=_training_lines(manifest.get("training") or {}),
+        params=[(k, f"{v:,}") for k, v in counts],
+        reading=(params.get("published_reading") or {}).get("explanation", ""),
+        weights=weights or "(hashed in MANIFEST.json)",
+        versions=f"transformers {versions.get('transformers')}, torch {versions.get('torch')}, "
+                 f"sv-attention {versions.get('sv_attention')}",
+        command=prov.get("command"), commit=prov.get("git_commit"), tree_note=_tree_note(prov),
+    )
+    return ModelCard(re.sub(r"\n{3,}", "\n\n", str(card)))
 
-A {model['num_hidden_layers']}-layer, width-{model['hidden_size']}, {model['num_attention_heads']}-head pre-norm
-byte-level decoder (block {model['max_position_embeddings']}, GELU MLP {model['intermediate_size']}, learned
-positional embeddings, weight-tied head) whose attention operator is `{op}` with
-`{json.dumps(model['operator_config'], sort_keys=True)}`. The backbone is identical for every operator of the
-sv-attention project (`sv`, `ceq`, `ceq_path_sum`, `smprime`, `softmax`, `swa`).
 
-## Limits (read first)
+def write_card(out: str | Path, manifest: dict[str, Any], *, results_dir: str | Path | None,
+               license: str = "apache-2.0", datasets: list[str] | None = None,
+               repo_id: str | None = None) -> ModelCard:
+    """Copy the results into ``out/results``, render the card and save it as ``out/README.md``."""
+    out = Path(out)
+    copy_results(results_dir, out)
+    shipped = out / RESULTS_SUBDIR
+    card = render_card(manifest, results_dir=shipped if shipped.is_dir() else None, license=license,
+                       datasets=datasets, repo_id=repo_id)
+    card.save(out / "README.md")
+    return card
 
-""" + "\n".join(f"- {s}" for s in limits) + f"""
 
-## Usage
+def refresh_card(artifact_dir: str | Path, results_dir: str | Path, *, card_copy: str | Path | None = None,
+                 write: bool = True) -> list[str]:
+    """Re-render an exported folder's card (and its ``results/``) from its manifest and ``results_dir``.
 
-```bash
-pip install sv-attention=={versions.get('sv_attention')}
-```
+    Weights, code, config and tokenizer are untouched; the manifest's ``files`` entries are re-hashed so that
+    the folder still verifies. License and datasets are kept from the current card.
 
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
+    Parameters
+    ----------
+    artifact_dir : the exported folder (with ``MANIFEST.json``)
+    results_dir : the repository's ``results/``
+    card_copy : also keep this file (e.g. ``MODEL_CARD.md``) equal to the card
+    write : False only compares (nothing is written)
 
-repo = "{repo}"  # or a local folder
-revision = "main"  # replace with a commit hash (see the security note)
-tok = AutoTokenizer.from_pretrained(repo, trust_remote_code=True, revision=revision)
-model = AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True, revision=revision)
-ids = tok("Once upon a time", return_tensors="pt").input_ids
-print(tok.decode(model.generate(ids, max_new_tokens=64, do_sample=False)[0]))
-```
+    Returns
+    -------
+    list of str
+        The paths that differ (write=False) or were rewritten (write=True); empty when up to date.
+    """
+    import filecmp
+    import tempfile
 
-The modeling code imports its operators from the installed `sv_attention` package; without it
-transformers stops with its own "pip install" message. Check a downloaded copy with
-`sv-attention verify DIR` (hashes, tensors, parameter counts, an offline load, a forward pass and a
-certificate self-check).
-
-## Parameters
-
-{_param_table(params)}
-{reading.get('explanation', '')}
-
-## Results
-
-{render_results(results)}
-## Manifest summary
-
-- files: {len(files) + (0 if "README.md" in files else 1)} hashed in `MANIFEST.json` (sha256 + size; this card included), code files: {', '.join(f'`{k}`' for k in sorted(code)) or 'none'}
-- weights: """ + (", ".join(f"`{k}` sha256 `{v['sha256']}` ({v['size']:,} bytes)" for k, v in sorted(weights.items()))
-                  or "(hashed after the card is written: see MANIFEST.json)") + f"""
-- tensors: {len(manifest.get('tensors', {}))} (name, shape, dtype, sha256 each)
-- versions: sv-attention {versions.get('sv_attention')}, transformers {versions.get('transformers')}, torch {versions.get('torch')}
-- produced by: `{prov.get('command')}` at git commit `{prov.get('git_commit')}`{_tree_note(prov)}
-- training: {train_lines}
-
-## Security note: `trust_remote_code`
-
-`trust_remote_code=True` runs `configuration_sv.py`, `modeling_sv.py` and `tokenization_sv.py` from this
-repository on your machine. Pin a `revision` (a commit hash, not a branch), read the code files, and check
-their sha256 against `MANIFEST.json` (`sv-attention verify DIR` does all of it and refuses to execute code
-whose hash does not match).
-"""
-    return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
+    art = Path(artifact_dir)
+    manifest = read_manifest(art)
+    old_card = art / "README.md"
+    license = "apache-2.0"
+    if old_card.is_file():
+        license = ModelCard.load(old_card).data.license or license
+    with tempfile.TemporaryDirectory() as tmp:
+        stage = Path(tmp)
+        copy_results(results_dir, stage)
+        card_text = str(render_card(manifest, license=license, results_dir=stage / RESULTS_SUBDIR
+                                    if (stage / RESULTS_SUBDIR).is_dir() else None))
+        new_res = {p.name: p for p in (stage / RESULTS_SUBDIR).glob("*")} if (stage / RESULTS_SUBDIR).is_dir() else {}
+        old_res = {p.name: p for p in (art / RESULTS_SUBDIR).glob("*")} if (art / RESULTS_SUBDIR).is_dir() else {}
+        changed = [f"{art / RESULTS_SUBDIR / n}" for n in sorted(set(new_res) | set(old_res))
+                   if n not in new_res or n not in old_res or not filecmp.cmp(new_res[n], old_res[n], shallow=False)]
+        if not old_card.is_file() or old_card.read_text() != card_text:
+            changed.append(str(old_card))
+        if card_copy is not None and (not Path(card_copy).is_file() or Path(card_copy).read_text() != card_text):
+            changed.append(str(card_copy))
+        if write and changed:
+            copy_results(results_dir, art)
+            old_card.write_text(card_text)
+            if card_copy is not None:
+                Path(card_copy).write_text(card_text)
+        if write or not changed:
+            files = hash_files(art)
+            if files != manifest.get("files"):
+                if not write:
+                    changed.append(str(art / "MANIFEST.json"))
+                else:
+                    manifest["files"] = files
+                    write_manifest(art, manifest)
+                    changed.append(str(art / "MANIFEST.json"))
+    return changed

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from sv_attention.artifact.card import render_card
+from sv_attention.artifact.card import write_card
 from sv_attention.artifact.manifest import build_manifest, hash_files, hash_tensors, write_manifest
 from sv_attention.artifact.params import count_parameters, published_reading
 from sv_attention.artifact.remote import CODE_FILES, model_classes
@@ -173,8 +173,7 @@ def write_folder(model: torch.nn.Module, out: Path, *, command: str, training: d
         training=training, reference_forward=reference_forward(model),
     )
     draft = {"files": hash_files(out), "tensors": hash_tensors(out), **manifest_args}
-    card = render_card(draft, results_dir=results_dir, license=license, datasets=datasets, repo_id=repo_id)
-    card.save(out / "README.md")
+    write_card(out, draft, results_dir=results_dir, license=license, datasets=datasets, repo_id=repo_id)
     manifest = build_manifest(out, **manifest_args)
     write_manifest(out, manifest)
     return manifest

@@ -2,14 +2,19 @@
 
 Order matters: hashes are checked **before** any code runs. When a code file, the config or the weights
 fail their hash, the folder is not loaded (``trust_remote_code`` would execute unverified code); the
-report says so. Then: load offline with ``trust_remote_code=True`` (model and tokenizer), recompute the
+report says so. The card (``README.md``) is documentation, not code: a changed or missing card is a
+separate, non-fatal finding (``report.findings``), so a metadata edit made on the Hub does not mark the
+weights unverified. ``manifest_sha256`` pins the manifest itself to a hash published elsewhere (integrity
+plus authenticity): a mismatch stops the check before anything else is trusted. Then: load offline with ``trust_remote_code=True`` (model and tokenizer), recompute the
 parameter counts, run the recorded reference forward pass, and a certificate self-check (operator ``sv``:
 the exact fp64 solver on the layer-0 keys of the reference text, KKT certificate checked).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +23,11 @@ import torch
 
 from sv_attention.artifact.manifest import MANIFEST_NAME, hash_files, hash_tensors, read_manifest
 from sv_attention.artifact.params import count_parameters
-from sv_attention.errors import ArtifactError, SVAttentionError
+from sv_attention.errors import ArtifactError, InvalidInputError, SVAttentionError
+
+#: files whose change is reported as a finding, not a failure (documentation, never executed)
+NON_FATAL_FILES = ("README.md",)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 #: tolerance on the recorded reference-forward fingerprint (relative to its magnitude)
 FORWARD_RTOL = 1e-4
@@ -33,13 +42,16 @@ class VerifyReport:
     ok : bool
         True when every check passed.
     problems : list of str
-        One line per mismatch, naming the file / tensor / count.
+        One line per mismatch, naming the file / tensor / count (each one fails the check).
+    findings : list of str
+        Non-fatal observations (a changed model card).
     checks : dict
         What was checked and what was found (for ``--json`` output).
     """
 
     path: str
     problems: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
     checks: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -56,15 +68,18 @@ def check_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> N
     found = hash_files(root)
     for name, info in sorted(expected.items()):
         got = found.get(name)
+        out = report.findings if name in NON_FATAL_FILES else report.problems
+        note = " (the model card: documentation, not fatal)" if name in NON_FATAL_FILES else ""
         if got is None:
-            report.problems.append(f"missing file: {name}")
+            out.append(f"missing file: {name}{note}")
         elif got["size"] != info["size"]:
-            report.problems.append(f"file size mismatch: {name} ({got['size']} bytes, manifest {info['size']})")
+            out.append(f"file size mismatch: {name} ({got['size']} bytes, manifest {info['size']}){note}")
         elif got["sha256"] != info["sha256"]:
-            report.problems.append(f"file hash mismatch: {name} (sha256 {got['sha256'][:16]}..., manifest "
-                                   f"{info['sha256'][:16]}...)")
+            out.append(f"file hash mismatch: {name} (sha256 {got['sha256'][:16]}..., manifest "
+                       f"{info['sha256'][:16]}...){note}")
     for name in sorted(set(found) - set(expected)):
-        report.problems.append(f"unlisted file: {name} (not in {MANIFEST_NAME}; remove it or re-export)")
+        out = report.findings if name in NON_FATAL_FILES else report.problems
+        out.append(f"unlisted file: {name} (not in {MANIFEST_NAME}; remove it or re-export)")
     report.checks["files"] = {"expected": len(expected), "found": len(found)}
 
 
@@ -163,19 +178,51 @@ def certificate_self_check(model: torch.nn.Module, text: str) -> dict[str, Any]:
             "kkt_max": cert.kkt.max, "partition": cert.partition_sizes, "C": cert.C, "sigma": cert.sigma}
 
 
-def verify_artifact(path: str | Path, *, load: bool = True) -> VerifyReport:
+def normalise_sha256(value: str) -> str:
+    """A sha256 as 64 lower-case hex digits (``sha256:`` prefix and surrounding space allowed).
+
+    Raises
+    ------
+    InvalidInputError
+        Anything else.
+    """
+    text = value.strip().lower().removeprefix("sha256:")
+    if not _SHA256.match(text):
+        raise InvalidInputError(f"not a sha256 hash: {value!r} (expected 64 hexadecimal digits)")
+    return text
+
+
+def verify_artifact(path: str | Path, *, load: bool = True, manifest_sha256: str | None = None) -> VerifyReport:
     """Verify an artifact folder; never raises for a mismatch (read ``report.problems``).
 
     Parameters
     ----------
     path : the folder
     load : also load with ``trust_remote_code=True`` (offline) and run the model checks
+    manifest_sha256 : the sha256 of ``MANIFEST.json`` as published elsewhere; a mismatch fails the check
+        before anything in the folder is trusted
+
+    Raises
+    ------
+    InvalidInputError
+        ``manifest_sha256`` is not a sha256 hash.
     """
     root = Path(path)
     report = VerifyReport(path=str(root))
+    pinned = normalise_sha256(manifest_sha256) if manifest_sha256 is not None else None
     if not root.is_dir():
         report.problems.append(f"not a folder: {root}")
         return report
+    if (root / MANIFEST_NAME).is_file():
+        digest = hashlib.sha256((root / MANIFEST_NAME).read_bytes()).hexdigest()
+        report.checks["manifest_sha256"] = digest
+        if pinned is not None:
+            if digest != pinned:
+                report.problems.append(f"manifest sha256 mismatch: {MANIFEST_NAME} has {digest}, the pinned hash is "
+                                       f"{pinned}; this is not the published artifact")
+                report.checks["load"] = "skipped: the manifest is not the pinned one"
+                return report
+            report.checks["manifest_pinned"] = True
     try:
         manifest = read_manifest(root)
     except ArtifactError as exc:

@@ -1,55 +1,86 @@
-"""``sv-attention render-readme``: write README.md from ``docs/readme/*.md`` and ``results/*.json``.
+"""``sv-attention render-readme``: re-render README.md, docs/results.md and the model card from ``results/``.
 
-``--check`` writes nothing: it exits 1 when README.md differs from a fresh render (printing the start of
-the diff) and lists every placeholder that could not be filled (missing result file or path, missing
-section). ``--strict`` also fails on such unfilled values.
+Pages: :data:`sv_attention.readme.PAGES` (jinja templates in ``docs/readme/``). The card: the exported
+artifact's ``README.md`` (and its copy ``MODEL_CARD.md``) from its manifest and the results, with the
+results copied into the artifact and its manifest re-hashed (:func:`sv_attention.artifact.card.refresh_card`);
+the card is rendered first because README.md cites the manifest's sha256.
+
+``--check`` writes nothing: it exits 1 when any file differs from a fresh render (printing the start of
+the diff). ``--strict`` also fails on values that could not be filled (missing result file or path).
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import sys
 from pathlib import Path
 
 COMMAND = "render-readme"
-HELP = "render README.md from docs/readme/*.md with every number read from results/*.json (--check: compare)"
+HELP = ("re-render README.md, docs/results.md and the model card (hf_artifact/README.md, MODEL_CARD.md) "
+        "from results/*.json (--check: compare only)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true",
-                        help="do not write; exit 1 when README.md differs from what would be rendered")
+                        help="do not write; exit 1 when any generated file differs from what would be rendered")
     parser.add_argument("--strict", action="store_true",
-                        help="also exit 1 when a placeholder could not be filled or a section is missing")
-    parser.add_argument("--output", default=None, help="README path (default: README.md at the repository root)")
-    parser.add_argument("--results", default=None, help="result directory (default: results/ at the root)")
-    parser.add_argument("--sections", default=None, help="template directory (default: docs/readme/)")
+                        help="also exit 1 when a value could not be filled")
+    parser.add_argument("--root", default=None, help="repository root (default: this checkout)")
+    parser.add_argument("--results", default=None, help="result directory (default: ROOT/results)")
+    parser.add_argument("--sections", default=None, help="template directory (default: ROOT/docs/readme)")
+    parser.add_argument("--artifact", default=None,
+                        help="exported artifact whose card is re-rendered (default: ROOT/hf_artifact; "
+                             "skipped when it has no MANIFEST.json)")
+    parser.add_argument("--card-copy", default=None, help="copy of the card to keep (default: ROOT/MODEL_CARD.md)")
+
+
+def _diff(path: Path, current: str, rendered: str) -> None:
+    diff = list(difflib.unified_diff(current.splitlines(), rendered.splitlines(), fromfile=str(path),
+                                     tofile="rendered", lineterm="", n=1))
+    print("\n".join(diff[:40]))
+    if len(diff) > 40:
+        print(f"... ({len(diff) - 40} more diff lines)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from sv_attention.readme import check_readme
+    from sv_attention.errors import SVAttentionError
+    from sv_attention.readme import ARTIFACT_DIR, check_pages
     from sv_attention.results import repo_root
 
-    out = Path(args.output) if args.output else repo_root() / "README.md"
-    same, rendered, current = check_readme(out, results_dir=args.results, sections_dir=args.sections)
-    for issue in rendered.issues:
-        print(f"unfilled: {issue}")
-    status = 0
-    if args.check:
+    root = Path(args.root) if args.root else repo_root()
+    results = Path(args.results) if args.results else root / "results"
+    art = Path(args.artifact) if args.artifact else root / ARTIFACT_DIR
+    copy = Path(args.card_copy) if args.card_copy else root / "MODEL_CARD.md"
+    stale: list[str] = []
+    try:
+        if (art / "MANIFEST.json").is_file():
+            from sv_attention.artifact.card import refresh_card
+
+            changed = refresh_card(art, results, card_copy=copy, write=not args.check)
+            stale += changed if args.check else []
+            for c in changed if not args.check else []:
+                print(f"wrote {c}")
+        pages = check_pages(root, results_dir=results, sections_dir=args.sections, artifact_dir=art)
+    except SVAttentionError as exc:
+        print(f"sv-attention render-readme: error: {exc}", file=sys.stderr)
+        return 2
+    unfilled = 0
+    for path, same, rendered, current in pages:
+        for issue in rendered.issues:
+            print(f"unfilled: {path.name}: {issue}")
+        unfilled += len(rendered.issues)
+        lines = len(rendered.text.splitlines())
         if same:
-            print(f"{out}: up to date ({len(rendered.text.splitlines())} lines, {len(rendered.issues)} unfilled)")
+            print(f"{path}: up to date ({lines} lines)")
+        elif args.check:
+            _diff(path, current, rendered.text)
+            stale.append(str(path))
         else:
-            diff = list(difflib.unified_diff(current.splitlines(), rendered.text.splitlines(),
-                                             fromfile=str(out), tofile="rendered", lineterm="", n=1))
-            print("\n".join(diff[:60]))
-            if len(diff) > 60:
-                print(f"... ({len(diff) - 60} more diff lines)")
-            print(f"{out} differs from the render: run `sv-attention render-readme`")
-            status = 1
-    else:
-        if not same:
-            out.write_text(rendered.text)
-        print(f"wrote {out} ({len(rendered.text.splitlines())} lines, {len(rendered.issues)} unfilled)"
-              if not same else f"{out}: already up to date")
-    if args.strict and rendered.issues:
-        status = 1
-    return status
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(rendered.text)
+            print(f"wrote {path} ({lines} lines)")
+    if stale:
+        print("stale: " + ", ".join(stale) + "\nrun `sv-attention render-readme`")
+        return 1
+    return 1 if args.strict and unfilled else 0

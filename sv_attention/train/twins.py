@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from sv_attention.errors import ConfigError
 from sv_attention.train.config import TrainConfig
+from sv_attention.train.curves import read_curves
 from sv_attention.train.loop import TrainResult, train
 
 PUBLISHED_ENWIK8 = ("published at 3.22M parameters (d_model 256, 4 layers, 4 heads, block 256) on enwik8: "
@@ -168,6 +169,7 @@ def twins_summary(results: dict[str, TrainResult], interleaved: dict[str, float]
     payload["published_reference_enwik8"] = PUBLISHED_ENWIK8
     payload["runs"] = {op: {"run_dir": str(r.run_dir), "checkpoint": str(r.checkpoint)} for op, r in results.items()}
     payload["data_split"] = {k: first.summary["data"][k] for k in ("train", "validation", "val_fraction")}
+    payload["curves"] = {op: read_curves(r.run_dir) for op, r in results.items()}
     return payload
 
 

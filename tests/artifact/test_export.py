@@ -96,7 +96,7 @@ def test_cli_export_from_training_checkpoint(tmp_path, capsys):
     assert manifest["model"]["operator"] == "swa"
     assert manifest["provenance"]["command"] == f"sv-attention export {ckpt} --out {out} --no-results"
     card = (out / "README.md").read_text()
-    assert "steps: 7" in card and "1,234 training bytes" in card
+    assert "- 7 steps" in card and "1,234 training bytes" in card
     assert main(["verify", str(out)]) == 0
 
 

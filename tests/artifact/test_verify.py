@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from sv_attention.artifact.manifest import read_safetensors_header
@@ -91,10 +92,10 @@ def test_wrong_tensor_shape_record(artifact_copy):
 def test_cli_exit_status(exported, artifact_copy, capsys):
     assert main(["verify", str(exported[1])]) == 0
     assert "OK" in capsys.readouterr().out
-    (artifact_copy / "README.md").write_text("edited\n")
+    (artifact_copy / "tokenizer_config.json").write_text("{}\n")
     assert main(["verify", str(artifact_copy), "--no-load"]) == 1
     err = capsys.readouterr().err
-    assert "MISMATCH: file" in err and "README.md" in err
+    assert "MISMATCH: file" in err and "tokenizer_config.json" in err
 
 
 def test_forward_fingerprint_detects_changed_behaviour(artifact_copy):
@@ -137,7 +138,7 @@ def test_sv_export_runs_the_certificate_self_check(tmp_path):
     assert cert["applicable"] and cert["certified"] and cert["n"] == 32
     assert cert["kkt_max"] <= 1e-8 and cert["C"] == 0.25
     text = (out / "README.md").read_text()
-    assert "no deletion certificate" in text[text.index("## Limits"):text.index("## Usage")]
+    assert "no deletion certificate" in text[text.index("## Limits"):text.index("## Results")]
 
 
 def test_stored_elements_must_equal_the_parameter_total(exported):
@@ -167,3 +168,52 @@ def test_hub_download_metadata_is_ignored(artifact_copy):
     (artifact_copy / "sub" / "helper.py").write_text("print('not listed')\n")
     report = verify_artifact(artifact_copy, load=False)
     assert report.problems == ["unlisted file: sub/helper.py (not in MANIFEST.json; remove it or re-export)"]
+
+
+def test_edited_card_is_a_finding_not_a_failure(artifact_copy, capsys):
+    card = artifact_copy / "README.md"
+    card.write_text(card.read_text().replace("license: apache-2.0", "license: mit"))  # a Hub metadata edit
+    report = verify_artifact(artifact_copy, load=False)
+    assert report.ok and report.problems == []
+    assert len(report.findings) == 1 and report.findings[0].startswith("file size mismatch: README.md")
+    assert main(["verify", str(artifact_copy), "--no-load"]) == 0
+    assert "NOTE: file size mismatch: README.md" in capsys.readouterr().out
+    card.unlink()
+    assert verify_artifact(artifact_copy, load=False).findings == ["missing file: README.md (the model card: "
+                                                                   "documentation, not fatal)"]
+    (artifact_copy / "config.json").write_text("{}")  # anything else stays fatal
+    assert not verify_artifact(artifact_copy, load=False).ok
+
+
+def test_pinned_manifest_hash(artifact_copy, capsys):
+    import hashlib
+
+    digest = hashlib.sha256((artifact_copy / "MANIFEST.json").read_bytes()).hexdigest()
+    report = verify_artifact(artifact_copy, load=False, manifest_sha256=digest.upper())
+    assert report.ok and report.checks["manifest_pinned"] is True and report.checks["manifest_sha256"] == digest
+    assert main(["verify", str(artifact_copy), "--no-load", "--manifest-sha256", digest]) == 0
+    assert "and the pinned manifest hash" in capsys.readouterr().out
+    # a re-signed manifest (hashes consistent with edited files) passes integrity but not the pin
+    p = artifact_copy / "MANIFEST.json"
+    manifest = json.loads(p.read_text())
+    manifest["provenance"]["command"] = "someone else"
+    p.write_text(json.dumps(manifest))
+    assert verify_artifact(artifact_copy, load=False).ok
+    report = verify_artifact(artifact_copy, manifest_sha256=digest)
+    assert not report.ok and report.problems[0].startswith("manifest sha256 mismatch")
+    assert report.checks["load"].startswith("skipped")
+    assert main(["verify", str(artifact_copy), "--no-load", "--manifest-sha256", digest]) == 1
+
+
+@pytest.mark.parametrize("bad", ["abc", "g" * 64, ""])
+def test_bad_hash_is_a_one_line_error(artifact_copy, capsys, bad):
+    assert main(["verify", str(artifact_copy), "--manifest-sha256", bad]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sv-attention verify: error: not a sha256 hash") and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_missing_folder_is_one_line(tmp_path, capsys):
+    assert main(["verify", str(tmp_path / "nope")]) == 1
+    err = capsys.readouterr().err
+    assert "not a folder" in err and "Traceback" not in err

@@ -25,3 +25,15 @@ def test_rows_from_tables_and_from_published_mappings(tmp_path):
 def test_missing_directory_gives_no_rows(tmp_path):
     assert experiment_table_rows(tmp_path / "nope") == []
     json.dumps(experiment_table_rows())  # the repository's own results are JSON-serialisable rows
+
+
+def test_published_numbers_at_other_paths_are_paired_with_their_measurement():
+    from sv_attention.published import headline_rows
+
+    rows = {(r["experiment"], r["metric"]): r for r in experiment_table_rows()}
+    for (name, metric), r in rows.items():
+        if name in ("bench_ceq", "forgetting", "sign_flip"):
+            assert r["ours"] is not None, (name, metric)
+    ceq = next(r for (n, _m), r in rows.items() if n == "bench_ceq" and "wall time" in r["metric"])
+    assert ceq["met"] is False and "CPU product floor" in ceq["note"] and ceq["published"] == 1.32
+    assert all(r["ours"] is not None for r in headline_rows())
