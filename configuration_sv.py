@@ -1,28 +1,18 @@
 """Configuration of the sv-attention byte-level causal language model (remote code).
 
 This file ships inside the Hub artifact next to ``modeling_sv.py`` and ``tokenization_sv.py`` and is
-loaded with ``AutoConfig.from_pretrained(dir, trust_remote_code=True)``. It imports only from the
-installed ``sv_attention`` package and ``transformers``.
+loaded with ``AutoConfig.from_pretrained(dir, trust_remote_code=True)``. It imports only
+``transformers`` and the settings module (a flat sibling file in the artifact).
 
 The backbone is identical for every operator: a pre-norm decoder with token + learned positional
 embeddings, a GELU MLP (4x), LayerNorms with bias and a weight-tied output head. Only the attention
 operator (``operator``) and its hyperparameters (``operator_config``) change.
 
-Operators and their knobs (defaults in brackets):
-
-=================  ==========================================================================
-``softmax``        none (plain causal softmax attention)
-``swa``            ``window`` [64]: each query reads its last ``window`` positions (itself included)
-``sv``             ``chunk`` [64] (queries in [s, s+chunk) read the gate fitted on positions < s; the
-                   current chunk is the dense local window), ``nu`` [0.5], ``n0`` [64]
-                   (C := 1/(nu*n0), fixed), ``sigma`` [None = median key distance of the first chunk],
-                   ``solver`` ["batched"; "exact" = fp64 maintained solvers, no gradient],
-                   ``detach_gate`` [True, as published], ``gate_floor`` [0.0]
-``ceq``            ``gate`` ["sgate"], ``rho`` [1.5 sgate / 0.9 signed], ``lam`` [0.10, sgate only],
-                   ``hops`` [2 sgate / 3 signed]; learnable per-layer alpha initialised 0
-``ceq_path_sum``   same knobs as ``ceq``; (I + A + ... + A^hops) v with no softmax underneath
-``smprime``        ``beta_init`` [1.0], ``qk_init`` [1.0], ``g_init`` [1.0] (learnable per-layer scalars)
-=================  ==========================================================================
+Operators: ``sv``, ``ceq``, ``ceq_path_sum``, ``smprime``, ``softmax``, ``swa``. Each one's knobs, their
+defaults, ranges and meaning are one settings dataclass of ``sv_attention.ops.settings`` (``SVSettings``,
+``CeqSettings``, ``SMPrimeSettings``, ``SWASettings``): ``operator_config`` is validated by it and stored
+with every default filled in. The ceq forms learn their hop weight per layer (``ceq_alpha``, initialised 0);
+their ``path_weight`` setting is the plug-in's fixed weight and is not used by the model.
 """
 
 from __future__ import annotations
@@ -33,10 +23,11 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-import sv_attention
 from sv_attention.errors import ConfigError, InvalidHyperparameterError, VersionMismatchError
+from sv_attention.ops.settings import MODEL_OPERATORS, model_operator_settings
+from sv_attention.version import __version__
 
-OPERATORS = ("sv", "ceq", "ceq_path_sum", "smprime", "softmax", "swa")
+OPERATORS = tuple(MODEL_OPERATORS)
 
 
 def _int_at_least(lo: int):
@@ -50,10 +41,8 @@ def _int_at_least(lo: int):
     return check
 
 
-def _float_in(lo: float, hi: float, lo_open: bool = True, hi_open: bool = False, allow_none: bool = False):
-    def check(name: str, value: Any) -> float | None:
-        if value is None and allow_none:
-            return None
+def _float_in(lo: float, hi: float, lo_open: bool = True, hi_open: bool = False):
+    def check(name: str, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
             raise InvalidHyperparameterError(f"{name} must be a finite number, got {value!r}")
         v = float(value)
@@ -68,99 +57,24 @@ def _float_in(lo: float, hi: float, lo_open: bool = True, hi_open: bool = False,
     return check
 
 
-def _choice(*options: str):
-    def check(name: str, value: Any) -> str:
-        if value not in options:
-            raise InvalidHyperparameterError(f"{name} must be one of {list(options)}, got {value!r}")
-        return value
-
-    return check
-
-
-def _bool(name: str, value: Any) -> bool:
+def _bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise InvalidHyperparameterError(f"{name} must be true or false, got {value!r}")
-    return value
-
-
-_INF = float("inf")
-_CEQ_KNOBS = {
-    "gate": _choice("sgate", "signed"),
-    "rho": _float_in(0.0, _INF, hi_open=True),
-    "lam": _float_in(0.0, _INF, lo_open=False, hi_open=True),
-    "hops": _int_at_least(1),
-}
-#: operator -> knob -> validator(name, value) -> normalised value
-OPERATOR_KNOBS: dict[str, dict[str, Any]] = {
-    "softmax": {},
-    "swa": {"window": _int_at_least(1)},
-    "sv": {
-        "chunk": _int_at_least(1),
-        "nu": _float_in(0.0, 1.0),
-        "n0": _int_at_least(1),
-        "sigma": _float_in(0.0, _INF, hi_open=True, allow_none=True),
-        "solver": _choice("batched", "exact"),
-        "detach_gate": _bool,
-        "gate_floor": _float_in(0.0, 1.0, lo_open=False),
-    },
-    "ceq": dict(_CEQ_KNOBS),
-    "ceq_path_sum": dict(_CEQ_KNOBS),
-    "smprime": {
-        "beta_init": _float_in(0.0, _INF, lo_open=False, hi_open=True),
-        "qk_init": _float_in(0.0, _INF, lo_open=False, hi_open=True),
-        "g_init": _float_in(0.0, _INF, lo_open=False, hi_open=True),
-    },
-}
-
-
-def operator_defaults(operator: str, given: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Default knobs of ``operator`` (those of ceq depend on the chosen ``gate``)."""
-    given = given or {}
-    if operator == "swa":
-        return {"window": 64}
-    if operator == "sv":
-        return {"chunk": 64, "nu": 0.5, "n0": 64, "sigma": None, "solver": "batched", "detach_gate": True,
-                "gate_floor": 0.0}
-    if operator in ("ceq", "ceq_path_sum"):
-        if given.get("gate", "sgate") == "signed":
-            return {"gate": "signed", "rho": 0.9, "hops": 3}
-        return {"gate": "sgate", "rho": 1.5, "lam": 0.10, "hops": 2}
-    if operator == "smprime":
-        return {"beta_init": 1.0, "qk_init": 1.0, "g_init": 1.0}
-    return {}
 
 
 def validate_operator_config(operator: Any, knobs: dict[str, Any] | None) -> dict[str, Any]:
-    """Check ``operator`` and its knobs; return the full knob dict with defaults filled in.
+    """Check ``operator`` and its knobs; return the full knob dict with defaults filled in
+    (``sv_attention.ops.settings.model_operator_settings(...).to_dict()``).
 
     Raises
     ------
     ConfigError
-        Unknown operator, a knob that does not belong to the operator (``lam`` with the signed ceq gate
-        included), or ``operator_config`` that is not a dict.
+        Unknown operator or knob (``lam`` with the signed ceq variant included), or ``operator_config``
+        that is not a dict.
     InvalidHyperparameterError
         A knob value of the wrong type or out of range.
     """
-    if operator not in OPERATOR_KNOBS:
-        raise ConfigError(f"unknown operator {operator!r}; choose one of {list(OPERATORS)}")
-    if knobs is None:
-        knobs = {}
-    if not isinstance(knobs, dict):
-        raise ConfigError(f"operator_config must be a dict of knobs, got {type(knobs).__name__}")
-    allowed = OPERATOR_KNOBS[operator]
-    out = operator_defaults(operator, knobs)
-    for name, value in knobs.items():
-        if name not in allowed:
-            owners = [op for op, k in OPERATOR_KNOBS.items() if name in k]
-            hint = f" (it belongs to {owners})" if owners else ""
-            raise ConfigError(
-                f"knob {name!r} does not belong to operator {operator!r}{hint}; "
-                f"valid knobs for {operator!r}: {sorted(allowed) or 'none'}"
-            )
-        out[name] = allowed[name](f"operator_config[{name!r}]", value)
-    if operator in ("ceq", "ceq_path_sum") and out["gate"] == "signed" and "lam" in out:
-        raise ConfigError("knob 'lam' belongs to the 'sgate' ceq gate only; remove it for gate='signed'")
-    return out
+    return model_operator_settings(operator, knobs).to_dict()
 
 
 def _series(version: str) -> tuple[int, ...]:
@@ -261,14 +175,14 @@ class SVConfig(PretrainedConfig):
         if intermediate_size is not None:
             _int_at_least(1)("intermediate_size", intermediate_size)
         _float_in(0.0, 1.0, lo_open=False, hi_open=True)("dropout", dropout)
-        _float_in(0.0, _INF, hi_open=True)("initializer_range", initializer_range)
+        _float_in(0.0, math.inf, hi_open=True)("initializer_range", initializer_range)
         for name, value in (("attention_bias", attention_bias), ("mlp_bias", mlp_bias),
                             ("tie_word_embeddings", tie_word_embeddings), ("use_cache", use_cache)):
             _bool(name, value)
         _float_in(0.0, 1.0, hi_open=True)("layer_norm_eps", layer_norm_eps)
         kwargs.pop("head_dim", None)  # derived below; saved configs carry them
         kwargs.pop("num_key_value_heads", None)
-        installed = sv_attention.__version__
+        installed = __version__
         if sv_attention_version is not None:
             check_version_compatible(str(sv_attention_version), installed)
         self.sv_attention_version = installed if sv_attention_version is None else str(sv_attention_version)

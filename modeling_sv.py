@@ -21,11 +21,12 @@ None), ``query_slots`` ``[q]`` and ``key_slots`` ``[kv]`` (sequence indices of t
 Operators (building blocks from the installed ``sv_attention`` package)
 ---------------------------------------------------------------------
 ``softmax`` (``sv_attention.ops.ceq.stock_attention``, transformers' SDPA path), ``swa`` (the same with a
-window), ``sv`` (``sv_attention.ops.causal.sv_hybrid_attention`` + ``GateCache``), ``ceq`` /
+window), ``sv`` (``sv_attention.ops.sv_gate.sv_gate_attention`` + its ``GateState``), ``ceq`` /
 ``ceq_path_sum`` (``sv_attention.ops.ceq.ceq_attention`` + ``sv_attention.ops.hop_cache.HopCache``),
 ``smprime`` (``sv_attention.ops.smprime.SMPrime``). Explicit-weight references sit beside them
-(:func:`softmax_reference`) and in the package (``ceq_attention_reference``, ``sv_hybrid_reference``,
-``smprime_reference``).
+(:func:`softmax_reference`) and in the package (``ceq_attention_reference``, ``naive_sv_gate_attention``,
+``smprime_reference``). Every operator's settings are one dataclass of ``sv_attention.ops.settings``
+(``SVConfig.operator_config`` holds its dict), resolved once per layer (``SVAttention.operator_settings``).
 
 Caching
 -------
@@ -37,7 +38,6 @@ SV gate state). ``generate`` builds one automatically. Both ``cache=`` (transfor
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -50,9 +50,12 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
 
 from sv_attention.errors import InvalidInputError, MaskError, UnsupportedFeatureError
 from sv_attention.ops.masking import to_bool_mask
+from sv_attention.ops.settings import PLUGIN_TWINS, model_operator_settings
+from sv_attention.ops.sv_gate import sv_gate_attention
 
 try:  # flat sibling file in the artifact; a top-level module inside the repository checkout
     from .configuration_sv import SVConfig
@@ -63,6 +66,8 @@ try:
     from transformers import initialization as hf_init
 except ImportError:  # pragma: no cover - older transformers
     hf_init = None
+
+logger = logging.get_logger(__name__)
 
 #: name of the cache field of the installed transformers' output classes ("cache" from 5.24 on)
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -217,7 +222,7 @@ def swa_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
                  query_slots: torch.Tensor | None = None, key_slots: torch.Tensor | None = None,
                  **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Sliding-window softmax attention: query i reads the slots ``(i - window, i]``."""
-    window = module.config.operator_config["window"]
+    window = module.operator_settings.window
     q_len, kv_len = query.shape[-2], key.shape[-2]
     if key_slots is None:
         key_slots = torch.arange(kv_len, device=query.device)
@@ -239,11 +244,11 @@ def ceq_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     from sv_attention.ops.ceq import ceq_attention
     from sv_attention.ops.hop_cache import HopCache, ceq_attention_cached
 
-    knobs = module.config.operator_config
-    hybrid = module.config.operator == "ceq"
-    common = dict(form="hybrid" if hybrid else "path_sum", operator=knobs["gate"],
-                  alpha=module.ceq_alpha if hybrid else 1.0, hops=knobs["hops"], rho=knobs["rho"],
-                  lam=knobs.get("lam"), scaling=scaling, dropout=dropout, training=module.training)
+    p = module.operator_settings.resolved()
+    hybrid = p["form"] == "hybrid"
+    common = dict(form=p["form"], operator=p["variant"], alpha=module.ceq_alpha if hybrid else 1.0,
+                  hops=p["hops"], rho=p["rho"], lam=p["lam"], scaling=scaling, dropout=dropout,
+                  training=module.training)
     if operator_state is None:
         out = ceq_attention(query, key, value, mask, **common)
     else:
@@ -299,72 +304,19 @@ def smprime_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     return out.transpose(1, 2).contiguous(), None
 
 
-def sv_box(knobs: dict[str, Any]) -> tuple[float, int]:
-    """``(C, warm-up size)`` of the ``sv`` operator: ``C = 1/(nu n0)`` fixed, warm-up ``ceil(1/C) + 2``."""
-    C = 1.0 / (knobs["nu"] * knobs["n0"])
-    return C, int(math.ceil(1.0 / C - 1e-9)) + 2
-
-
-class PaddedGateCaches:
-    """One :class:`sv_attention.ops.causal.GateCache` per left-padding length (``sv`` with a padded batch).
-
-    Rows with ``p`` leading pad columns are gated at their own positions (boundaries ``p + s``), so each
-    padding length keeps its own memo. Batch reorders and crops :meth:`reset` it (recomputed from the
-    cached keys on the next call), as :class:`SVLMCache` does for a single ``GateCache``.
-    """
-
-    def __init__(self) -> None:
-        self.by_pad: dict[int, Any] = {}
-
-    def get(self, pad: int) -> Any:
-        from sv_attention.ops.causal import GateCache
-
-        if pad not in self.by_pad:
-            self.by_pad[pad] = GateCache()
-        return self.by_pad[pad]
-
-    def reset(self) -> None:
-        self.by_pad.clear()
-
-
-def leading_pad(mask: torch.Tensor | None, batch: int, kv_len: int) -> list[int] | None:
-    """Per row, the number of leading key columns no query attends (left padding); None when no row has any.
-
-    Parameters
-    ----------
-    mask : bool ``[b|1, 1|h, q, kv]`` (True = attend) or None
-    """
-    if mask is None or mask.shape[0] != batch:
-        return None
-    visible = mask.any(-2).any(1)  # [b, kv]
-    first = torch.where(visible.any(-1), visible.to(torch.int8).argmax(-1), torch.full_like(visible[:, 0],
-                        kv_len, dtype=torch.long))
-    pads = [int(x) for x in first.tolist()]
-    return pads if any(pads) else None
-
-
 def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
                 operator_state: dict[str, Any] | None = None, output_attentions: bool = False,
                 **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The causal hybrid SV layer (DESIGN §2.5) through :func:`sv_attention.ops.causal.sv_hybrid_attention`.
+    """The causal hybrid SV layer (DESIGN §2.5): a thin caller of the single gate implementation
+    (``sv_attention.ops.sv_gate.sv_gate_attention``) with the model's own settings.
 
-    Queries in chunk ``[s, s + chunk)`` read the gate fitted on the keys at positions ``< s``: softmax
-    weights times ``alpha_j`` on that prefix, times 1 on the current chunk, one softmax over ``[0, t]``
-    renormalised. Chunk 0 and boundaries below the warm-up size ``ceil(1/C) + 2`` are plain causal softmax.
-    With a cache, the layer's :class:`sv_attention.ops.causal.GateCache` (``operator_state["gate"]``)
-    memoises the per-boundary gates (checked against a key fingerprint), so decoding fits each boundary
-    once and equals the recomputation.
-
-    Positions are counted from each row's first real token: rows of a left-padded batch (``mask`` hides
-    their ``p`` leading columns) are run per padding length on the columns ``[p, kv)``, so their chunk
-    boundaries, bandwidth and gates are those of the same text without padding (pad queries output 0).
-    Interior holes in the mask are masked, not re-indexed.
-
-    ``detach_gate=True`` (default, as published): gradients reach q, k, v through the softmax logits and
-    values, not through alpha; False differentiates through the ridged bordered solve. The batched
-    solver's coefficients carry no deletion certificate; only the exact solver's do. Half-precision
-    inputs (float16 / bfloat16) are computed in float32 and the output cast back.
+    Queries at positions ``[s, s + chunk)`` read the gate fitted on the keys at positions ``< s``: softmax
+    weights times ``alpha_j`` on that prefix, times 1 on the current chunk, renormalised. Chunk 0 and
+    boundaries below the warm-up size are plain causal softmax. Positions come from the mask, so a
+    left-padded row (any pad count) computes what the same text computes alone. With a cache, the layer's
+    gate state (``operator_state["gate"]``) keeps the fitted boundaries, so decoding fits each boundary once
+    and equals the recomputation.
 
     Parameters
     ----------
@@ -374,59 +326,20 @@ def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
     -------
     out ``[b, q, h, d]``, weights ``[b, h, q, kv]`` (with ``output_attentions``) or None
     """
-    from sv_attention.ops.causal import GateCache, sv_hybrid_attention
-
-    knobs = module.config.operator_config
-    C, _ = sv_box(knobs)
-    common = dict(C=C, sigma=knobs["sigma"], chunk=knobs["chunk"], scaling=scaling, causal=True,
-                  solver=knobs["solver"], gate_floor=knobs["gate_floor"], detach_gate=knobs["detach_gate"],
-                  return_weights=output_attentions or (dropout > 0.0 and module.training))
-    b, h, q_len, d = query.shape
-    kv_len = key.shape[-2]
-    dtype = query.dtype
-    if dtype in (torch.float16, torch.bfloat16):  # the gate's linear solves need float32 (CPU LU has no bf16)
-        query, key, value = query.float(), key.float(), value.float()
-    pads = leading_pad(mask, b, kv_len)
-    if pads is None:
-        gate = None
-        if operator_state is not None:
-            gate = operator_state.get("gate")
-            if gate is None:
-                gate = operator_state["gate"] = GateCache()
-        out, weights = sv_hybrid_attention(query, key, value, mask=mask, gate_cache=gate, **common)
-        return _sv_finish(out, weights, value, dropout, module.training, output_attentions, dtype)
-    caches = None
+    b, q_len = query.shape[0], query.shape[2]
+    kv_len = key.shape[2]
+    if mask is None:
+        visible = (torch.arange(kv_len, device=query.device)[None, :]
+                   <= torch.arange(kv_len - q_len, kv_len, device=query.device)[:, None])[None].expand(b, q_len, kv_len)
+    else:
+        visible = mask[:, 0].expand(b, q_len, kv_len)
+    state = None if operator_state is None else operator_state.get("gate")
+    result = sv_gate_attention(query, key, value, visible, module.operator_settings, scaling=scaling, causal=True,
+                               state=state, keep_state=operator_state is not None,
+                               dropout=dropout if module.training else 0.0, return_weights=output_attentions)
     if operator_state is not None:
-        caches = operator_state.get("gate_by_pad")
-        if caches is None:
-            caches = operator_state["gate_by_pad"] = PaddedGateCaches()
-    out = query.new_zeros(b, h, q_len, value.shape[-1])
-    weights = query.new_zeros(b, h, q_len, kv_len) if common["return_weights"] else None
-    for pad in sorted(set(pads)):
-        rows = torch.tensor([i for i, p in enumerate(pads) if p == pad], device=query.device)
-        q0 = max(0, pad - (kv_len - q_len))  # queries before q0 sit on pad slots
-        if q0 >= q_len:
-            continue
-        o, w = sv_hybrid_attention(
-            query.index_select(0, rows)[:, :, q0:], key.index_select(0, rows)[:, :, pad:],
-            value.index_select(0, rows)[:, :, pad:], mask=mask.index_select(0, rows)[:, :, q0:, pad:],
-            gate_cache=None if caches is None else caches.get(pad), **common,
-        )
-        out = out.index_copy(0, rows, F.pad(o, (0, 0, q0, 0)))
-        if weights is not None and w is not None:
-            weights = weights.index_copy(0, rows, F.pad(w.to(weights.dtype), (pad, 0, q0, 0)))
-    return _sv_finish(out, weights, value, dropout, module.training, output_attentions, dtype)
-
-
-def _sv_finish(out: torch.Tensor, weights: torch.Tensor | None, value: torch.Tensor, dropout: float,
-               training: bool, output_attentions: bool, dtype: torch.dtype,
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``out [b, h, q, d]`` -> ``[b, q, h, d]`` in ``dtype``; in training with ``dropout > 0`` the output is
-    recomputed from dropped-out weights ``[b, h, q, kv]`` (attention dropout, as the other operators apply)."""
-    if dropout > 0.0 and training and weights is not None:
-        out = torch.matmul(F.dropout(weights, p=dropout, training=True), value.to(weights.dtype))
-    kept = weights.to(dtype) if (output_attentions and weights is not None) else None
-    return out.to(dtype).transpose(1, 2).contiguous(), kept
+        operator_state["gate"] = result.state
+    return result.out.transpose(1, 2).contiguous(), result.weights
 
 
 OPERATOR_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {
@@ -462,15 +375,7 @@ def sv_operator_attention(module: nn.Module, query: torch.Tensor, key: torch.Ten
     mask = to_bool_mask(attention_mask, q_len, kv_len)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    op = module.config.operator
-    fn = OPERATOR_FUNCTIONS.get(op)
-    if fn is None:
-        fn = _load_operator(op)
-    return fn(module, query, key, value, mask, scaling, dropout, **kwargs)
-
-
-def _load_operator(op: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
-    raise UnsupportedFeatureError(f"operator {op!r} is not available in this build of modeling_sv.py")
+    return OPERATOR_FUNCTIONS[module.config.operator](module, query, key, value, mask, scaling, dropout, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -497,6 +402,8 @@ class SVAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
+        #: the operator's validated settings, resolved once (``sv_attention.ops.settings``)
+        self.operator_settings = model_operator_settings(config.operator, config.operator_config)
         build_operator_parameters(self, config)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -540,8 +447,8 @@ def build_operator_parameters(module: SVAttention, config: Any) -> None:
         # mark them so it restores SMPrime's own init (zero weights, biases 1 - 1e-3 / 1e-3)
         module.smprime.u_head._sv_head_bias = M_BIAS
         module.smprime.theta_head._sv_head_bias = THETA_BIAS
-        knobs = config.operator_config
-        module.smprime._sv_scalar_init = {name: knobs[f"{name}_init"] for name in ("beta", "qk", "g")}
+        st = module.operator_settings
+        module.smprime._sv_scalar_init = {name: getattr(st, f"{name}_init") for name in ("beta", "qk", "g")}
 
 
 class SVMLP(nn.Module):
@@ -619,6 +526,13 @@ class SVPreTrainedModel(PreTrainedModel):
                     "(e.g. 'sv_attention', 'ceq' after `import sv_attention`)"
                 )
         super().set_attn_implementation(attn_implementation, *args, **kwargs)
+        for name in names:
+            twins = PLUGIN_TWINS.get(name) if isinstance(name, str) else None
+            if twins is not None and self.config.operator not in twins:
+                logger.warning(
+                    "this checkpoint was trained with operator %r; %r is the plug-in twin of %s, so it now runs a "
+                    "different operator than the one the weights were trained with (its settings: the config's "
+                    "%r dict, or the defaults)", self.config.operator, name, " / ".join(repr(t) for t in twins), name)
 
     def _init_weights(self, module: nn.Module) -> None:
         head_bias = getattr(module, "_sv_head_bias", None)

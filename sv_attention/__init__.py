@@ -9,8 +9,7 @@ transformers (``AttentionInterface`` and the paired ``AttentionMaskInterface``),
 from __future__ import annotations
 
 from sv_attention._lazy import lazy_exports
-
-__version__ = "0.1.0"
+from sv_attention.version import __version__ as __version__
 
 # name -> module that defines it (loaded on first access)
 _LAZY = {

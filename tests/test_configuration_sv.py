@@ -28,24 +28,30 @@ def test_every_operator_builds_with_defaults(op):
 
 
 def test_ceq_defaults_depend_on_gate():
-    assert SVConfig(operator="ceq").operator_config == {"gate": "sgate", "rho": 1.5, "lam": 0.10, "hops": 2}
-    assert SVConfig(operator="ceq", operator_config={"gate": "signed"}).operator_config == {
-        "gate": "signed", "rho": 0.9, "hops": 3}
+    from sv_attention.ops.settings import CeqSettings
+
+    cfg = SVConfig(operator="ceq").operator_config
+    assert cfg == CeqSettings(form="hybrid").to_dict() and cfg["variant"] == "sgate"
+    assert CeqSettings.from_dict(cfg).resolved() == {"variant": "sgate", "form": "hybrid", "path_weight": 0.05,
+                                                     "rho": 1.5, "lam": 0.10, "hops": 2}
+    with pytest.warns(FutureWarning, match="'gate' is renamed 'variant'"):
+        old = SVConfig(operator="ceq_path_sum", operator_config={"gate": "signed"}).operator_config
+    assert CeqSettings.from_dict(old).resolved()["hops"] == 3 and old["form"] == "path_sum"
 
 
 @pytest.mark.parametrize("op, knobs, err, words", [
     ("attention", {}, ConfigError, "unknown operator"),
     ("softmax", {"window": 4}, ConfigError, "does not belong"),
     ("swa", {"chunk": 4}, ConfigError, "belongs to ['sv']"),
-    ("ceq", {"gate": "signed", "lam": 0.1}, ConfigError, "sgate"),
+    ("ceq", {"variant": "signed", "lam": 0.1}, ConfigError, "sgate"),
     ("swa", {"window": 0}, InvalidHyperparameterError, ">= 1"),
     ("swa", {"window": 2.5}, InvalidHyperparameterError, "integer"),
     ("swa", {"window": True}, InvalidHyperparameterError, "integer"),
-    ("sv", {"nu": 1.5}, InvalidHyperparameterError, "(0.0, 1.0]"),
+    ("sv", {"nu": 1.5}, InvalidHyperparameterError, "(0, 1]"),
     ("sv", {"sigma": -1.0}, InvalidHyperparameterError, "sigma"),
     ("ceq", {"rho": float("nan")}, InvalidHyperparameterError, "finite"),
-    ("ceq", {"gate": "other"}, InvalidHyperparameterError, "one of"),
-    ("ceq_path_sum", {"hops": 0}, InvalidHyperparameterError, ">= 1"),
+    ("ceq", {"variant": "other"}, InvalidHyperparameterError, "one of"),
+    ("ceq_path_sum", {"hops": 0}, InvalidHyperparameterError, "in [1, 16]"),
     ("smprime", {"beta_init": -1.0}, InvalidHyperparameterError, "beta_init"),
 ])
 def test_bad_operator_settings_raise_typed_errors(op, knobs, err, words):

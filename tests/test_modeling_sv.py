@@ -18,7 +18,7 @@ CACHED_OPERATORS = [
     ("softmax", {}),
     ("swa", {"window": 5}),
     ("ceq", {}),
-    ("ceq", {"gate": "signed"}),
+    ("ceq", {"variant": "signed"}),
     ("ceq_path_sum", {}),
     ("smprime", {"beta_init": 0.8}),
     ("sv", {"chunk": 4, "nu": 0.5, "n0": 8}),

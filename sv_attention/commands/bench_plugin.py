@@ -27,8 +27,8 @@ HELP = "prefill / greedy-decode tokens/s of a tiny Llama with sdpa, eager, ceq (
 IMPLEMENTATIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("sdpa", "sdpa", {}),
     ("eager", "eager", {}),
-    ("ceq_a0", "ceq", {"alpha": 0.0}),
-    ("ceq_a0.05", "ceq", {"alpha": 0.05}),
+    ("ceq_a0", "ceq", {"path_weight": 0.0}),
+    ("ceq_a0.05", "ceq", {"path_weight": 0.05}),
     ("sv_attention", "sv_attention", {"nu": 0.3, "chunk": 64}),
 ]
 TARGETS = {
@@ -100,7 +100,7 @@ def run_bench(contexts: list[int], new_tokens: int, hidden: int, layers: int, he
     from tqdm import tqdm
 
     import sv_attention
-    from sv_attention.hf.sv_gate import gate_stats
+    from sv_attention.ops.sv_gate import gate_stats
 
     load_before = os.getloadavg()
     impls = [(n, impl, dict(kw)) for n, impl, kw in IMPLEMENTATIONS if only is None or n in only or n == "sdpa"]

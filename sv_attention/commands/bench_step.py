@@ -72,7 +72,7 @@ def build_decoder(attn: str, *, layers: int, d_model: int, heads: int, block: in
             super().__init__()
             self.n1, self.n2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
             self.attn = (CausalSVAttention(d_model, heads, nu=nu, n0=chunk, chunk=chunk,
-                                           solve_kwargs={"backend": backend})
+                                           gate_backend=backend)
                          if attn == "sv" else SDPAAttention())
             self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
 
@@ -148,6 +148,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.warmup):
         for name, m in models.items():
             losses[name] = train_step(m, idx)
+    from sv_attention.ops.sv_gate import gate_stats
+
+    stats0 = gate_stats()
     for _ in tqdm(range(args.repeats), desc="bench step", leave=False):
         for name, m in models.items():  # interleaved: both arms see the same machine load
             t0 = time.perf_counter()
@@ -156,10 +159,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     med = {k: statistics.median(v) for k, v in times.items()}
     tokens = args.batch * args.block
     prof = [] if args.no_profile else profile_step(models["sv"], idx)
-    counts = {}
-    for blk in models["sv"].blocks:
-        for key, val in blk.attn.last_status_counts.items():
-            counts[key] = counts.get(key, 0) + val
+    counts = {key: val - stats0.get(key, 0) for key, val in gate_stats().items() if val != stats0.get(key, 0)}
     return {
         "config": {**cfg, "batch": args.batch, "repeats": args.repeats, "warmup": args.warmup,
                    "torch_threads": torch.get_num_threads()},
@@ -170,7 +170,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "target_ratio": 3.0,
         "loss": losses,
         "profile_sv_step": prof,
-        "gate_status_counts_last_step": counts,
+        "gate_stats_timed_steps": counts,
     }
 
 

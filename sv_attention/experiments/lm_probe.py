@@ -39,28 +39,20 @@ PUBLISHED = {"note": "published at 3.22M parameters on enwik8: SV 2.178 vs SWA 2
 
 @contextlib.contextmanager
 def record_gate_support() -> Iterator[list[int]]:
-    """While active, every SV gate the model fits appends its support sizes ``|S u E|`` (alpha > 0).
+    """While active, every SV gate the model reads appends its support sizes ``|S u E|`` (alpha > 0).
 
-    One entry per (sequence, kv-head, chunk boundary) whose gate is active (past warm-up), taken from
-    :func:`sv_attention.ops.causal.compute_boundary_gates`, which the ``sv`` operator calls.
+    One entry per (sequence, kv-head, chunk boundary) whose gate is active (past warm-up), received through
+    :func:`sv_attention.ops.sv_gate.gate.observe_gates`.
     """
-    import sv_attention.ops.causal as causal
+    from sv_attention.ops.sv_gate.gate import observe_gates
 
     sizes: list[int] = []
-    original = causal.compute_boundary_gates
 
-    def wrapped(*args: Any, **kw: Any) -> Any:
-        gates = original(*args, **kw)
-        for s, alpha in gates.alpha.items():
-            act = gates.active[s]
-            sizes.extend((alpha > 0).sum(-1)[act].reshape(-1).tolist())
-        return gates
+    def record(s: int, alpha: torch.Tensor) -> None:
+        sizes.extend((alpha > 0).sum(-1).reshape(-1).tolist())
 
-    causal.compute_boundary_gates = wrapped
-    try:
+    with observe_gates(record):
         yield sizes
-    finally:
-        causal.compute_boundary_gates = original
 
 
 def measure_support(cfg: Any, checkpoint: str | Path, n_windows: int = 8) -> dict[str, float]:

@@ -35,17 +35,18 @@ import torch
 
 from sv_attention.errors import HopCacheError, InvalidInputError, MaskError, UnsupportedFeatureError
 from sv_attention.hf.gate_handoff import GateHandoff, pop_pending_gate
-from sv_attention.hf.masked_sdpa import grouped_biased_sdpa
-from sv_attention.hf.settings import CEQ_NAME, SV_NAME, CeqSettings, SVSettings, settings_from_config
-from sv_attention.hf.sv_gate import (
-    GateBias,
-    GateState,
-    causal_gate_bias,
-    check_gqa,
-    full_gate_bias,
-    warn_once,
+from sv_attention.hf.settings import (
+    CEQ_NAME,
+    SV_NAME,
+    CeqSettings,
+    SVSettings,
+    module_settings,
+    twin_operator,
 )
 from sv_attention.ops.masking import to_bool_mask
+from sv_attention.ops.sv_gate import GateState, check_gqa, sv_gate_attention
+from sv_attention.ops.sv_gate.fit import warn_once
+from sv_attention.ops.sv_gate.readout import grouped_attention
 
 STATE_ATTR = "_sv_attention_state"
 _UNSUPPORTED = ("softcap", "s_aux", "position_bias")
@@ -111,30 +112,6 @@ def visible_mask(mask: torch.Tensor | None, b: int, q_len: int, kv_len: int, cau
     return bm[:, 0].to(device).expand(b, q_len, kv_len)
 
 
-def _grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
-                       bias: torch.Tensor | None, scaling: float, dropout: float,
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked softmax attention with an optional per-kv-head additive bias (the log-gate).
-
-    query ``[b, h, q, d]``, key/value ``[b, g, kv, d]``, visible ``[b, q, kv]``, bias ``[b, g, q|1, kv]``.
-    Returns ``(out [b, h, q, d], weights [b, h, q, kv])``; rows with no visible key are 0.
-    """
-    b, h, q, d = query.shape
-    g, kv = key.shape[1], key.shape[2]
-    r = h // g
-    logits = torch.matmul(query.reshape(b, g, r * q, d), key.transpose(-1, -2)).view(b, g, r, q, kv) * scaling
-    if bias is not None:  # fp32 bias: the softmax runs in fp32 anyway
-        logits = logits.to(torch.promote_types(logits.dtype, bias.dtype)) + bias[:, :, None]
-    allowed = visible[:, None, None]
-    logits = logits.masked_fill(~allowed, float("-inf"))
-    w = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    w = torch.where(torch.isnan(w), torch.zeros_like(w), w).to(query.dtype)  # rows with nothing visible
-    if dropout > 0.0:
-        w = torch.nn.functional.dropout(w, p=dropout, training=True)
-    out = torch.matmul(w.reshape(b, g, r * q, kv), value).view(b, h, q, value.shape[-1])
-    return out, w.reshape(b, h, q, kv)
-
-
 def _handoff_bias(handoff: GateHandoff, visible: torch.Tensor, causal: bool, b: int, g: int, q_len: int,
                   kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-bias and visibility from a gate deposited by a certified cache."""
@@ -157,7 +134,7 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     """SV-Attention on a pretrained model: softmax-hybrid readout with a chunk-frozen SVDD gate.
 
     Per (sequence, layer, kv-head), queries at positions ``[s, s + chunk)`` read the gate fitted on the
-    keys at positions ``< s`` (DESIGN §2.5; see :mod:`sv_attention.hf.sv_gate`): softmax weights times
+    keys at positions ``< s`` (DESIGN §2.5; see :mod:`sv_attention.ops.sv_gate`): softmax weights times
     ``alpha_j`` on that prefix, times 1 on the local chunk, renormalised. Chunk 0 and warm-up are plain
     causal softmax. Encoders (``is_causal=False``) use one gate per sequence on all valid keys.
 
@@ -184,13 +161,14 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     weights : Tensor ``[b, h, q_len, kv_len]`` when ``output_attentions`` else None
     """
     _refuse_unsupported(SV_NAME, kwargs)
-    settings: SVSettings = settings_from_config(getattr(module, "config", None), SV_NAME)  # type: ignore[assignment]
+    settings: SVSettings = module_settings(module, SV_NAME)  # type: ignore[assignment]
     check_gqa(query, key, value)
     b, h, q_len, d = query.shape
     g, kv_len = key.shape[1], key.shape[2]
     sc = float(scaling) if scaling is not None else d ** -0.5
     causal = _is_causal(module, kwargs)
     layer_idx = getattr(module, "layer_idx", None)
+    output_attentions = bool(kwargs.get("output_attentions"))
     handoff = pop_pending_gate(layer_idx)
     if handoff is not None and handoff.key_positions is not None and isinstance(attention_mask, torch.Tensor):
         # a certified cache builds the mask over positions; its slots are the columns at key_positions
@@ -198,42 +176,29 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
         if attention_mask.shape[-1] != kv_len and attention_mask.shape[-1] > int(kp.max()):
             attention_mask = attention_mask.index_select(-1, kp)
     visible = visible_mask(attention_mask, b, q_len, kv_len, causal, query.device)
-    bias = None
-    keep_state = bool(kwargs.get("use_cache", True)) and not module.training
     if handoff is not None:
         bias, visible = _handoff_bias(handoff, visible, causal, b, g, q_len, kv_len)
-    elif settings.gate:
-        # the gate is fitted in fp32 (or fp64) whatever the model's dtype
-        gate_keys = key if key.dtype in (torch.float32, torch.float64) else key.float()
-        window = _sliding_window(module, kwargs)
-        if window is not None:
-            if settings.sliding_window == "refuse":
-                raise UnsupportedFeatureError(
-                    f"layer {layer_idx} uses a sliding window ({window}); sv_attention was configured with "
-                    "sliding_window='refuse'. Use sliding_window='softmax' to run plain softmax inside the "
-                    "window on such layers, or disable the window in the model config")
-            warn_once("sliding", "sv_attention: layers with a sliding window run plain softmax inside the "
-                      "window (the window is honoured, the SV gate is not applied there); set "
-                      "sliding_window='refuse' to make this an error")
-        elif causal:
-            state = module.__dict__.get(STATE_ATTR) if keep_state else None
-            state = state if isinstance(state, GateState) else None
-            bias, new_state = causal_gate_bias(
-                gate_keys, visible, C=settings.box, warmup=settings.warmup, chunk=settings.chunk,
-                sigma=settings.sigma, state=state, keep_state=keep_state)
-            if keep_state:
-                module.__dict__[STATE_ATTR] = new_state
-        else:
-            bias = full_gate_bias(gate_keys, visible, C=settings.box, warmup=settings.warmup, sigma=settings.sigma)
-    if (bias is None or kwargs.get("output_attentions") or float(dropout) > 0.0
-            or query.dtype not in (torch.float32, torch.float64)):
-        # no gate (gate off, warm-up, chunk 0): the eager computation, so it matches eager attention exactly
-        dense = bias.dense() if isinstance(bias, GateBias) else bias
-        out, weights = _grouped_attention(query, key, value, visible, dense, sc, float(dropout))
-    else:  # a gate: the fused kernel, equal to _grouped_attention to fp32 rounding (tested)
-        out, weights = grouped_biased_sdpa(query, key, value, visible, bias, sc), None
-    out = out.transpose(1, 2).contiguous()
-    return out, (weights if kwargs.get("output_attentions") else None)
+        out, weights = grouped_attention(query, key, value, visible, bias, sc, float(dropout))
+        return out.transpose(1, 2).contiguous(), (weights if output_attentions else None)
+    window = _sliding_window(module, kwargs)
+    if window is not None and settings.gated:
+        if settings.sliding_window == "refuse":
+            raise UnsupportedFeatureError(
+                f"layer {layer_idx} uses a sliding window ({window}); sv_attention was configured with "
+                "sliding_window='refuse'. Use sliding_window='softmax' to run plain softmax inside the "
+                "window on such layers, or disable the window in the model config")
+        warn_once("sliding", "sv_attention: layers with a sliding window run plain softmax inside the "
+                  "window (the window is honoured, the SV gate is not applied there); set "
+                  "sliding_window='refuse' to make this an error")
+        settings = settings.replace(gated=False)
+    keep_state = bool(kwargs.get("use_cache", True)) and not module.training
+    state = module.__dict__.get(STATE_ATTR) if keep_state else None
+    result = sv_gate_attention(query, key, value, visible, settings, scaling=sc, causal=causal,
+                               state=state if isinstance(state, GateState) else None, keep_state=keep_state,
+                               dropout=float(dropout), return_weights=output_attentions)
+    if keep_state and causal:
+        module.__dict__[STATE_ATTR] = result.state
+    return result.out.transpose(1, 2).contiguous(), result.weights
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -337,6 +302,15 @@ def _require_queries_last(mask: torch.Tensor | None, q_len: int, kv_len: int, la
             "the hop engine needs a DynamicCache-style layout: generate with the default cache")
 
 
+def _path_weight(module: torch.nn.Module, settings: CeqSettings) -> float | torch.Tensor:
+    """The hop weight ``alpha``: the module's own learned ``ceq_alpha`` when the module belongs to an sv_lm
+    model whose operator is ceq (the plug-in then computes what the model computes), else the setting."""
+    own = getattr(module, "ceq_alpha", None)
+    if isinstance(own, torch.Tensor) and twin_operator(getattr(module, "config", None), CEQ_NAME) == "ceq":
+        return own
+    return settings.path_weight
+
+
 def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                           **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -371,8 +345,9 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     from sv_attention.ops.ceq import ceq_attention
 
     _refuse_unsupported(CEQ_NAME, kwargs)
-    settings: CeqSettings = settings_from_config(getattr(module, "config", None), CEQ_NAME)  # type: ignore[assignment]
-    if settings.alpha == 0 and settings.form == "hybrid" and not kwargs.get("output_attentions"):
+    settings: CeqSettings = module_settings(module, CEQ_NAME)  # type: ignore[assignment]
+    weight = _path_weight(module, settings)
+    if isinstance(weight, float) and weight == 0 and settings.form == "hybrid" and not kwargs.get("output_attentions"):
         # fast path: exactly the model's sdpa call (same function, same arguments), bitwise and as fast
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                         scaling=scaling, **kwargs)
@@ -382,15 +357,15 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     causal = _is_causal(module, kwargs)
     training = bool(module.training)
     layer_idx = getattr(module, "layer_idx", None)
-    stock_only = p["form"] == "hybrid" and p["alpha"] == 0.0
+    stock_only = p["form"] == "hybrid" and isinstance(weight, float) and weight == 0.0
     if not causal and not stock_only:
         raise UnsupportedFeatureError(
             f"ceq hops are causal (A is strictly lower-triangular) but layer {layer_idx} is not causal "
             "(an encoder); use alpha=0 or another attention implementation there")
     if not stock_only:
         _require_queries_last(attention_mask, query.shape[2], key.shape[2], layer_idx)
-    common = dict(form=p["form"], operator=p["operator"], alpha=p["alpha"], hops=p["hops"], rho=p["rho"],
-                  lam=p["lam"] if p["operator"] == "sgate" else None, scaling=scaling, dropout=float(dropout),
+    common = dict(form=p["form"], operator=p["variant"], alpha=weight, hops=p["hops"], rho=p["rho"],
+                  lam=p["lam"] if p["variant"] == "sgate" else None, scaling=scaling, dropout=float(dropout),
                   training=training or float(dropout) > 0.0, is_causal=causal)
     if stock_only:
         # exactly the model's sdpa call (same function, same arguments): bitwise sdpa at sdpa's speed
@@ -402,7 +377,7 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
 
         keep_state = bool(kwargs.get("use_cache", True)) and not training
         sliding = _sliding_window(module, kwargs) is not None
-        signature = (p["operator"], p["rho"], p["lam"], p["hops"], scaling, p["form"])
+        signature = (p["variant"], p["rho"], p["lam"], p["hops"], scaling, p["form"])
         b, h, q_len, _ = query.shape
         g, kv_len, dv = key.shape[1], key.shape[2], value.shape[-1]
         past = kv_len - q_len
@@ -425,6 +400,6 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     if kwargs.get("output_attentions"):
         from sv_attention.ops.ceq import ceq_matrix
 
-        weights = ceq_matrix(query, key, attention_mask, operator=p["operator"], rho=p["rho"],
-                             lam=p["lam"] if p["operator"] == "sgate" else None, scaling=scaling)
+        weights = ceq_matrix(query, key, attention_mask, operator=p["variant"], rho=p["rho"],
+                             lam=p["lam"] if p["variant"] == "sgate" else None, scaling=scaling)
     return out.transpose(1, 2).contiguous(), weights

@@ -399,8 +399,8 @@ class CertifiedCache(Cache):
         return getattr(self._config, "_attn_implementation", None) == SV_NAME
 
     def _check_certifiable(self) -> None:
-        if not self.settings.gate:
-            raise UnsupportedFeatureError("the SV gate is disabled (gate=False): reserve tokens are not inert "
+        if not self.settings.gated:
+            raise UnsupportedFeatureError("the SV gate is disabled (gated=False): reserve tokens are not inert "
                                           "then, so no eviction can be certified; enable the gate")
         if not self._gate_consumed():
             impl = getattr(self._config, "_attn_implementation", None)
@@ -428,7 +428,7 @@ class CertifiedCache(Cache):
         b, h = layer.keys.shape[0], layer.keys.shape[1]
         slots = layer.n_slots
         dtype, device = layer.keys.dtype, layer.keys.device
-        if not self.settings.gate:
+        if not self.settings.gated:
             return torch.ones(b, h, q, slots, dtype=dtype, device=device)
         starts = sorted({(t // c) * c for t in range(p0, p0 + q)})
         # decode fast path: same chunk as the previous call, one new slot appended

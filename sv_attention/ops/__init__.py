@@ -2,8 +2,10 @@
 
 Names are resolved lazily from their defining modules:
 
-- SV gate: :class:`CausalSVAttention`, :func:`sv_hybrid_attention`, :class:`GateCache`,
-  :func:`compute_boundary_gates` (``causal.py``); readouts (``readouts.py``).
+- Settings: :class:`SVSettings`, :class:`CeqSettings`, :class:`SMPrimeSettings` (``settings.py``: one
+  dataclass per operator, one defaults table, one validation).
+- SV gate: :func:`sv_gate_attention`, :func:`naive_sv_gate_attention` (the ``sv_gate/`` package);
+  :class:`CausalSVAttention`, :func:`sv_hybrid_attention` (``causal.py``); readouts (``readouts.py``).
 - ceq: :func:`ceq_matrix`, :func:`ceq_attention`, :func:`truncation_bound` (``ceq.py``),
   :class:`HopCache`, :func:`ceq_attention_cached` (``hop_cache.py``), :class:`SMPrime` (``smprime.py``),
   :func:`beta_lrt`, :func:`lrt_report`, :class:`BetaGradientCensus` (``beta_test.py``).
@@ -17,8 +19,11 @@ from sv_attention._lazy import lazy_exports
 _LAZY = {
     "CausalSVAttention": "sv_attention.ops.causal",
     "sv_hybrid_attention": "sv_attention.ops.causal",
-    "GateCache": "sv_attention.ops.causal",
-    "compute_boundary_gates": "sv_attention.ops.causal",
+    "SVSettings": "sv_attention.ops.settings",
+    "CeqSettings": "sv_attention.ops.settings",
+    "SMPrimeSettings": "sv_attention.ops.settings",
+    "sv_gate_attention": "sv_attention.ops.sv_gate",
+    "naive_sv_gate_attention": "sv_attention.ops.sv_gate",
     "softmax_hybrid_readout": "sv_attention.ops.readouts",
     "rbf_readout": "sv_attention.ops.readouts",
     "ceq_matrix": "sv_attention.ops.ceq",

@@ -44,13 +44,12 @@ import torch
 
 from sv_attention.errors import ConfigError, InvalidHyperparameterError, InvalidInputError
 from sv_attention.ops.masking import causal_mask, to_bool_mask
+from sv_attention.ops.settings import CEQ_VARIANT_DEFAULTS
 
 OPERATORS = ("sgate", "signed")
 FORMS = ("hybrid", "path_sum")
-DEFAULTS: dict[str, dict[str, float | int]] = {
-    "sgate": {"rho": 1.5, "lam": 0.10, "hops": 2},
-    "signed": {"rho": 0.9, "hops": 3},
-}
+#: variant -> default hops / rho / lam (the one table, :data:`sv_attention.ops.settings.CEQ_VARIANT_DEFAULTS`)
+DEFAULTS = CEQ_VARIANT_DEFAULTS
 DEFAULT_CHUNK: int | None = None  # None: auto_chunk(kv_len)
 
 
@@ -106,7 +105,7 @@ def resolve_params(operator: str = "sgate", rho: float | None = None, lam: float
     if operator == "signed" and lam is not None:
         raise ConfigError("lam belongs to the 'sgate' operator; do not pass it with operator='signed'")
     rho = float(d["rho"] if rho is None else rho)
-    lam = float(d.get("lam", 0.0) if lam is None else lam)
+    lam = float((d["lam"] or 0.0) if lam is None else lam)
     hops_v = d["hops"] if hops is None else hops
     if not math.isfinite(rho):
         raise InvalidHyperparameterError(f"rho must be finite, got {rho}")

@@ -17,7 +17,7 @@ returned from an unconverged iterate but handed to a fallback chosen by the call
 
 Callers:
 
-* :mod:`sv_attention.hf.sv_gate` (the plug-in on a pretrained model, no gradient): :func:`fit_warm`
+* :mod:`sv_attention.ops.sv_gate` (the plug-in on a pretrained model, no gradient): :func:`fit_warm`
   returns the exact optimum of the found partition (ridge :data:`~sv_attention.svdd.polish.POLISH_RIDGE`);
 * :mod:`sv_attention.ops.causal` (training, differentiable): :func:`warm_partition` gives the partition,
   and the caller runs the same ridged differentiable bordered solve as its cold path, so gate and

@@ -19,20 +19,20 @@ def test_paired_test_matches_scipy_ttest_rel():
 def test_record_gate_support_counts_positive_alpha_per_active_gate():
     import torch
 
-    from sv_attention.ops.causal import compute_boundary_gates
+    from sv_attention.ops.settings import SVSettings
+    from sv_attention.ops.sv_gate import sv_gate_attention
+    from sv_attention.ops.sv_gate.gate import _OBSERVERS
 
-    k = torch.randn(2, 1, 24, 4, generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 1, 24, 4, generator=g) for _ in range(3))
+    vis = torch.tril(torch.ones(24, 24, dtype=torch.bool))[None].expand(2, 24, 24)
     with record_gate_support() as sizes:
-        import sv_attention.ops.causal as causal
-
-        gates = causal.compute_boundary_gates(k, [8, 16], C=0.25, chunk=8)
-    ref = compute_boundary_gates(k, [8, 16], C=0.25, chunk=8)
+        res = sv_gate_attention(q, k, v, vis, SVSettings(chunk=8, C=0.25))
     expect = []
     for s in (8, 16):
-        expect += (ref.alpha[s] > 0).sum(-1)[ref.active[s]].reshape(-1).tolist()
+        expect += (res.gate.alphas[s] > 0).sum(-1).reshape(-1).tolist()
     assert sorted(sizes) == sorted(expect) and len(sizes) == len(expect) > 0
-    assert causal.compute_boundary_gates is compute_boundary_gates  # restored
-    assert set(gates.alpha) == {8, 16}
+    assert not _OBSERVERS  # removed on exit
 
 
 @pytest.mark.slow

@@ -44,7 +44,7 @@ def test_alpha_zero_is_bitwise_sdpa(mask_kind):
     mask = None if mask_kind == "none" else causal(2, 10, 10).clone()
     if mask is not None:
         mask[1, ..., :2] = False
-    mod = Mod(alpha=0.0)
+    mod = Mod(path_weight=0.0)
     out, w = ceq_attention_forward(mod, q, k, v, mask, scaling=0.3)
     ref, _ = sdpa_attention_forward(mod, q, k, v, mask, scaling=0.3)
     assert out.shape == (2, 10, 4, 8) and w is None
@@ -54,7 +54,7 @@ def test_alpha_zero_is_bitwise_sdpa(mask_kind):
 @pytest.mark.parametrize("operator,form", [("sgate", "hybrid"), ("signed", "hybrid"), ("sgate", "path_sum")])
 def test_hops_match_the_dense_reference(operator, form):
     q, k, v = qkv(seed=1)
-    mod = Mod(alpha=0.2, operator=operator, form=form)
+    mod = Mod(path_weight=0.2, variant=operator, form=form)
     out, _ = ceq_attention_forward(mod, q, k, v, None, scaling=0.25, use_cache=False)
     ref = ceq_attention_reference(q, k, v, None, form=form, operator=operator, alpha=0.2, scaling=0.25)
     assert torch.allclose(out, ref.transpose(1, 2), atol=1e-5)
@@ -66,8 +66,8 @@ def test_decode_with_hop_state_equals_recomputation():
     q, k, v = qkv(q=14, kv=14, seed=2)
     mask = causal(2, 14, 14).clone()
     mask[1, ..., :3] = False
-    full, _ = ceq_attention_forward(Mod(alpha=0.3), q, k, v, mask, use_cache=False)
-    mod = Mod(alpha=0.3)
+    full, _ = ceq_attention_forward(Mod(path_weight=0.3), q, k, v, mask, use_cache=False)
+    mod = Mod(path_weight=0.3)
     steps = [ceq_attention_forward(mod, q[:, :, :6], k[:, :, :6], v[:, :, :6], mask[..., :6, :6])[0]]
     for t in range(6, 14):
         steps.append(ceq_attention_forward(mod, q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1],
@@ -82,7 +82,7 @@ def test_decode_with_hop_state_equals_recomputation():
 
 def test_decode_without_history_raises_and_keeps_state():
     q, k, v = qkv(q=1, kv=5)
-    mod = Mod(alpha=0.3)
+    mod = Mod(path_weight=0.3)
     with pytest.raises(HopCacheError, match="hop history"):
         ceq_attention_forward(mod, q, k, v, None)
     assert STATE_ATTR not in mod.__dict__
@@ -95,8 +95,8 @@ def test_decode_without_history_raises_and_keeps_state():
 def test_encoder_hops_refused_but_alpha_zero_allowed():
     q, k, v = qkv()
     with pytest.raises(UnsupportedFeatureError, match="causal"):
-        ceq_attention_forward(Mod(is_causal=False, alpha=0.1), q, k, v, None)
-    out, _ = ceq_attention_forward(Mod(is_causal=False, alpha=0.0), q, k, v, None)
+        ceq_attention_forward(Mod(is_causal=False, path_weight=0.1), q, k, v, None)
+    out, _ = ceq_attention_forward(Mod(is_causal=False, path_weight=0.0), q, k, v, None)
     ref, _ = sdpa_attention_forward(Mod(is_causal=False), q, k, v, None)
     assert torch.equal(out, ref)
 
@@ -110,10 +110,10 @@ def test_semantic_kwargs_are_refused(kw):
 
 def test_output_attentions_returns_a_and_dropout_in_training():
     q, k, v = qkv(seed=4)
-    out, a = ceq_attention_forward(Mod(alpha=0.1), q, k, v, None, output_attentions=True, use_cache=False)
+    out, a = ceq_attention_forward(Mod(path_weight=0.1), q, k, v, None, output_attentions=True, use_cache=False)
     assert torch.allclose(a, ceq_matrix(q, k, None))
     assert (a.triu(0) == 0).all()
-    mod = Mod(alpha=0.1)
+    mod = Mod(path_weight=0.1)
     mod.train()
     torch.manual_seed(0)
     out_t, _ = ceq_attention_forward(mod, q, k, v, None, dropout=0.5)
@@ -133,8 +133,8 @@ def test_unmasked_decode_equals_recomputation_across_regrowth_and_crop(dtype, to
     # transformers passes no mask when decoding one token with a DynamicCache: the single-row kernel
     monkeypatch.setattr("sv_attention.ops.hop_cache.PREFILL_HEADROOM", 2)  # regrow the buffers on the way
     q, k, v = (t.to(dtype) for t in qkv(q=20, kv=20, seed=6))
-    full, _ = ceq_attention_forward(Mod(alpha=0.3, hops=3), q, k, v, None, use_cache=False)
-    mod = Mod(alpha=0.3, hops=3)
+    full, _ = ceq_attention_forward(Mod(path_weight=0.3, hops=3), q, k, v, None, use_cache=False)
+    mod = Mod(path_weight=0.3, hops=3)
     assert (_steps(mod, q, k, v, 3, 20) - full).abs().max() <= tol
     state = mod.__dict__[STATE_ATTR]
     assert state.end - state.base == 20 and state.store[0].shape[2] >= 20
@@ -146,9 +146,9 @@ def test_unmasked_decode_equals_recomputation_across_regrowth_and_crop(dtype, to
 
 def test_sliding_window_keeps_the_last_columns():
     q, k, v = qkv(q=12, kv=12, seed=7)
-    mod = Mod(alpha=0.3, window=4)
+    mod = Mod(path_weight=0.3, window=4)
     ceq_attention_forward(mod, q[:, :, :8], k[:, :, :8], v[:, :, :8], None)
-    ref = Mod(alpha=0.3)
+    ref = Mod(path_weight=0.3)
     ceq_attention_forward(ref, q[:, :, :8], k[:, :, :8], v[:, :, :8], None)
     # a window layer's cache hands back only its last columns; the history rows follow them
     out, _ = ceq_attention_forward(mod, q[:, :, 8:9], k[:, :, 5:9], v[:, :, 5:9], None)
@@ -160,8 +160,8 @@ def test_sliding_window_keeps_the_last_columns():
 
 def test_steady_state_beam_reorder_and_other_conversation_detected():
     q, k, v = qkv(b=3, q=9, kv=9, seed=8)
-    full, _ = ceq_attention_forward(Mod(alpha=0.3), q, k, v, None, use_cache=False)
-    mod = Mod(alpha=0.3)
+    full, _ = ceq_attention_forward(Mod(path_weight=0.3), q, k, v, None, use_cache=False)
+    mod = Mod(path_weight=0.3)
     _steps(mod, q, k, v, 4, 8)
     perm = torch.tensor([2, 0, 0])  # reorder without telling the state: matched by the key fingerprint
     out, _ = ceq_attention_forward(mod, q[perm][:, :, 8:], k[perm], v[perm], None)
@@ -174,7 +174,7 @@ def test_steady_state_beam_reorder_and_other_conversation_detected():
 
 def test_decode_without_use_cache_leaves_the_state_intact():
     q, k, v = qkv(q=10, kv=10, seed=9)
-    mod = Mod(alpha=0.3)
+    mod = Mod(path_weight=0.3)
     _steps(mod, q, k, v, 4, 8)
     st = mod.__dict__[STATE_ATTR]
     before = (st.base, st.end, st.store[0][:, :, st.base:st.end].clone())
@@ -187,8 +187,8 @@ def test_decode_without_use_cache_leaves_the_state_intact():
 
 def test_prefill_in_inference_mode_then_decode_under_no_grad():
     q, k, v = qkv(q=7, kv=7, seed=10)
-    full, _ = ceq_attention_forward(Mod(alpha=0.3), q, k, v, None, use_cache=False)
-    mod = Mod(alpha=0.3)
+    full, _ = ceq_attention_forward(Mod(path_weight=0.3), q, k, v, None, use_cache=False)
+    mod = Mod(path_weight=0.3)
     with torch.inference_mode():  # inference tensors cannot be extended in place outside this mode: copied
         ceq_attention_forward(mod, q[:, :, :5], k[:, :, :5], v[:, :, :5], None)
     with torch.no_grad():
@@ -204,7 +204,7 @@ def test_beam_search_with_the_cache_equals_beam_search_without():
     from tests.hf import tiny
 
     m = tiny.llama()
-    sv_attention.enable(m, "ceq", alpha=0.3)
+    sv_attention.enable(m, "ceq", path_weight=0.3)
     ids = torch.randint(1, 97, (2, 7), generator=torch.Generator().manual_seed(0))
     gk = dict(max_new_tokens=6, do_sample=False, num_beams=3, num_return_sequences=2, eos_token_id=None,
               pad_token_id=0)

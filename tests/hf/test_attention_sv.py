@@ -12,9 +12,24 @@ from sv_attention.errors import InvalidInputError, UnsupportedFeatureError
 from sv_attention.hf.attention import STATE_ATTR, sv_attention_forward
 from sv_attention.hf.gate_handoff import GateHandoff, clear_pending_gates, set_pending_gate
 from sv_attention.hf.settings import SVSettings
-from sv_attention.hf.sv_gate import gate_stats, positions_from_mask
 from sv_attention.kernels import median_bandwidth, rbf_gram
+from sv_attention.ops.sv_gate import GateSchedule, gate_stats
+from sv_attention.ops.sv_gate.fit import CountingSolve, count, fit_masked
+from sv_attention.ops.sv_gate.readout import grouped_attention as _grouped_attention
 from sv_attention.svdd.batched import solve_batched
+from sv_attention.svdd.warm_fit import fit_warm, fit_working_set
+
+
+def _fit(gram, mask, C):
+    return fit_masked(gram, mask, C, CountingSolve())
+
+
+def _fit_working_set(gram, init, C, new):
+    return fit_working_set(gram, init, C, new, solve=CountingSolve(), count=count)
+
+
+def _fit_warm(gram, init, C, new, stat="warm_fits"):
+    return fit_warm(gram, init, C, new, solve=CountingSolve(), count=count, stat=stat)
 
 
 class Cfg:
@@ -55,7 +70,7 @@ def causal(b, q, kv):
 
 def test_contract_shape_gqa_and_gate_off_equals_softmax():
     q, k, v = qkv()
-    mod = Mod(gate=False)
+    mod = Mod(gated=False)
     mask = causal(2, 12, 12)[:, None].clone()
     mask[1, :, :, :3] = False  # left padding of row 1
     out, w = sv_attention_forward(mod, q, k, v, mask, scaling=0.3)
@@ -70,7 +85,7 @@ def test_contract_shape_gqa_and_gate_off_equals_softmax():
 @pytest.mark.parametrize("kind", ["bool", "float", "none", "2d"])
 def test_mask_forms(kind):
     q, k, v = qkv(q=5, kv=5)
-    mod = Mod(gate=False)
+    mod = Mod(gated=False)
     allowed = causal(2, 5, 5)
     if kind == "bool":
         mask = allowed[:, None]
@@ -89,12 +104,12 @@ def test_mask_forms(kind):
 
 def test_none_mask_follows_sdpa_conventions_and_encoders():
     q, k, v = qkv(q=1, kv=7)
-    out, _ = sv_attention_forward(Mod(gate=False), q, k, v, None)  # decode: every key
+    out, _ = sv_attention_forward(Mod(gated=False), q, k, v, None)  # decode: every key
     assert torch.allclose(out, plain(q, k, v, torch.ones(2, 1, 7, dtype=torch.bool)).transpose(1, 2), atol=1e-6)
     q, k, v = qkv(q=6, kv=6)
-    out, _ = sv_attention_forward(Mod(is_causal=False, gate=False), q, k, v, None)
+    out, _ = sv_attention_forward(Mod(is_causal=False, gated=False), q, k, v, None)
     assert torch.allclose(out, plain(q, k, v, torch.ones(2, 6, 6, dtype=torch.bool)).transpose(1, 2), atol=1e-6)
-    out2, _ = sv_attention_forward(Mod(gate=False), q, k, v, None, is_causal=False)  # keyword overrides
+    out2, _ = sv_attention_forward(Mod(gated=False), q, k, v, None, is_causal=False)  # keyword overrides
     assert torch.allclose(out, out2)
 
 
@@ -113,12 +128,12 @@ def test_bad_shapes_raise():
 
 def test_output_attentions_and_dropout():
     q, k, v = qkv(q=6, kv=6)
-    out, w = sv_attention_forward(Mod(gate=False), q, k, v, None, output_attentions=True)
+    out, w = sv_attention_forward(Mod(gated=False), q, k, v, None, output_attentions=True)
     assert w.shape == (2, 4, 6, 6)
     assert torch.allclose(w.sum(-1), torch.ones(2, 4, 6), atol=1e-6)
     assert (w.triu(1) == 0).all()
     torch.manual_seed(0)
-    out_d, w_d = sv_attention_forward(Mod(gate=False), q, k, v, None, dropout=0.5, output_attentions=True)
+    out_d, w_d = sv_attention_forward(Mod(gated=False), q, k, v, None, dropout=0.5, output_attentions=True)
     assert (w_d == 0).sum() > (w == 0).sum()  # dropped weights
     assert not torch.allclose(out_d, out)
 
@@ -175,6 +190,11 @@ def test_left_padding_gives_each_sequence_its_own_gate():
     alone, _ = sv_attention_forward(Mod(nu=0.5, chunk=5), q, k, v, causal(1, 14, 14)[:, None])
     padded, _ = sv_attention_forward(Mod(nu=0.5, chunk=5), qp, kp, vp, m[:, None])
     assert torch.allclose(padded[:, pad:], alone, atol=1e-6)
+
+
+def positions_from_mask(visible):
+    sched = GateSchedule.from_visible(visible, SVSettings(chunk=2))
+    return sched.valid, sched.key_position, sched.query_position
 
 
 def test_positions_from_mask():
@@ -289,8 +309,8 @@ def test_half_precision_inputs_and_per_head_masks():
 
 @pytest.mark.parametrize("bias_rows", [None, "q", 1])
 def test_fused_attention_equals_the_plain_grouped_reference(bias_rows):
-    from sv_attention.hf.attention import _grouped_attention
-    from sv_attention.hf.masked_sdpa import grouped_biased_sdpa
+
+    from sv_attention.ops.sv_gate.readout import grouped_biased_sdpa
 
     q, k, v = qkv(b=2, h=6, g=2, q=9, kv=11, d=4, seed=8, dtype=torch.float64)
     vis = causal(2, 9, 11).clone()
@@ -310,7 +330,6 @@ def test_fused_attention_equals_the_plain_grouped_reference(bias_rows):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_working_set_fit_equals_the_full_cold_fit(seed):
-    from sv_attention.hf.sv_gate import _fit, _fit_working_set
 
     gen = torch.Generator().manual_seed(seed)
     keys = torch.randn(4, 96, 8, generator=gen)
@@ -330,7 +349,6 @@ def test_working_set_fit_equals_the_full_cold_fit(seed):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_direct_warm_fit_equals_the_exact_cold_fit(seed):
     """The warm-started active-set fit (from the previous boundary's partition) is the exact optimum."""
-    from sv_attention.hf.sv_gate import _fit_warm
     from sv_attention.svdd.batched import solve_batched
     from sv_attention.svdd.polish import POLISH_RIDGE
 
@@ -355,20 +373,20 @@ def test_direct_warm_fit_equals_the_exact_cold_fit(seed):
 
 
 def test_gate_fits_run_single_threaded_and_restore_the_thread_count(monkeypatch):
-    import sv_attention.hf.sv_gate as sv_gate
+    import sv_attention.ops.sv_gate.gate as sv_gate
 
     q, k, v = qkv(b=1, q=20, kv=20, d=4, seed=3)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         seen = []
-        real = sv_gate._fit_warm
+        real = sv_gate.fit_from
 
         def spy(*args, **kw):
             seen.append(torch.get_num_threads())
             return real(*args, **kw)
 
-        monkeypatch.setattr(sv_gate, "_fit_warm", spy)
+        monkeypatch.setattr(sv_gate, "fit_from", spy)
         sv_attention_forward(Mod(nu=0.5, chunk=6), q, k, v, causal(1, 20, 20)[:, None], scaling=0.5)
         assert seen and set(seen) == {sv_gate.GATE_FIT_THREADS}
         assert torch.get_num_threads() == 2
@@ -376,7 +394,7 @@ def test_gate_fits_run_single_threaded_and_restore_the_thread_count(monkeypatch)
         def boom(*args, **kw):
             raise RuntimeError("solver failure")
 
-        monkeypatch.setattr(sv_gate, "_fit_warm", boom)
+        monkeypatch.setattr(sv_gate, "fit_from", boom)
         with pytest.raises(RuntimeError, match="solver failure"):
             sv_attention_forward(Mod(nu=0.5, chunk=6), q, k, v, causal(1, 20, 20)[:, None], scaling=0.5)
         assert torch.get_num_threads() == 2  # restored on the error path too
@@ -400,7 +418,7 @@ def test_gated_output_attentions_path_equals_the_fused_path():
 
 def test_lazy_gram_rows_give_the_dense_gram_gates(monkeypatch):
     """Above DENSE_GRAM_MAX_BYTES the gate computes Gram rows on demand: same output as the dense Gram."""
-    import sv_attention.hf.sv_gate as sv_gate
+    import sv_attention.ops.sv_gate.gate as sv_gate
 
     q, k, v = qkv(b=2, q=48, kv=48, d=4, seed=11)
     mod = Mod(nu=0.5, chunk=8)

@@ -356,8 +356,8 @@ def test_eviction_is_refused_when_the_model_ignores_the_gate(model: LlamaForCaus
         assert pop_pending_gate(0) is None  # no stale gate is left for another model
     finally:
         model.set_attn_implementation("sv_attention")
-    off = CertifiedCache(model.config, gate=False)
-    with pytest.raises(UnsupportedFeatureError, match="gate=False"):
+    off = CertifiedCache(model.config, gated=False)
+    with pytest.raises(UnsupportedFeatureError, match="gated=False"):
         off.evict()
 
 

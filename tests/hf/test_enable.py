@@ -40,8 +40,8 @@ def test_enable_writes_config_and_switches_both_ways(tmp_path):
     sv_attention.enable(m, "sdpa")
     assert m.config._attn_implementation == "sdpa"
     assert torch.equal(logits(m), ref)
-    sv_attention.enable(m, "ceq", alpha=0.05, operator="sgate", hops=2)
-    assert m.config.ceq == CeqSettings(alpha=0.05, hops=2).to_dict()
+    sv_attention.enable(m, "ceq", path_weight=0.05, variant="sgate", hops=2)
+    assert m.config.ceq == CeqSettings(path_weight=0.05, hops=2).to_dict()
     assert not torch.allclose(logits(m), ref, atol=1e-5)
 
 
@@ -51,12 +51,15 @@ def test_enable_writes_config_and_switches_both_ways(tmp_path):
     ("sv_attention", {"chunk": 0}, InvalidHyperparameterError),
     ("sv_attention", {"chunk": 2.5}, InvalidHyperparameterError),
     ("sv_attention", {"sigma": -1.0}, InvalidHyperparameterError),
-    ("sv_attention", {"gate": "yes"}, InvalidHyperparameterError),
+    ("sv_attention", {"gated": "yes"}, InvalidHyperparameterError),
+    ("sv_attention", {"C": 1e-20}, InvalidHyperparameterError),
+    ("sv_attention", {"C": True}, InvalidHyperparameterError),
+    ("sv_attention", {"gate": True, "gated": True}, ConfigError),
     ("sv_attention", {"sliding_window": "drop"}, InvalidHyperparameterError),
-    ("ceq", {"alpha": -0.1}, InvalidHyperparameterError),
-    ("ceq", {"operator": "cosine"}, InvalidHyperparameterError),
+    ("ceq", {"path_weight": -0.1}, InvalidHyperparameterError),
+    ("ceq", {"variant": "cosine"}, InvalidHyperparameterError),
     ("ceq", {"hops": 0}, InvalidHyperparameterError),
-    ("ceq", {"operator": "signed", "lam": 0.1}, ConfigError),
+    ("ceq", {"variant": "signed", "lam": 0.1}, ConfigError),
     ("ceq", {"beta": 1.0}, ConfigError),
     ("sdpa", {"nu": 0.3}, ConfigError),
     ("no_such_attention", {}, ConfigError),
@@ -91,8 +94,25 @@ def test_config_edited_by_hand_is_validated_at_call_time():
 
 def test_in_place_edit_of_the_stored_dict_is_revalidated():
     m = llama()
-    sv_attention.enable(m, "ceq", alpha=0.0)
+    sv_attention.enable(m, "ceq", path_weight=0.0)
     logits(m)  # parsed and cached
-    m.config.ceq["alpha"] = -1.0
-    with pytest.raises(InvalidHyperparameterError, match="alpha"):
+    m.config.ceq["path_weight"] = -1.0
+    with pytest.raises(InvalidHyperparameterError, match="path_weight"):
         logits(m)
+
+
+def test_renamed_keywords_warn_and_numpy_scalars_are_accepted():
+    import numpy as np
+
+    m = llama()
+    with pytest.warns(FutureWarning) as record:
+        sv_attention.enable(m, "ceq", alpha=0.1, operator="signed")
+    messages = " ".join(str(w.message) for w in record)
+    assert "'alpha' is renamed 'path_weight'" in messages and "'operator' is renamed 'variant'" in messages
+    assert m.config.ceq["path_weight"] == 0.1 and m.config.ceq["variant"] == "signed"
+    with pytest.warns(FutureWarning, match="'gate' is renamed 'gated'"):
+        sv_attention.enable(m, "sv_attention", gate=False)
+    assert m.config.sv_attention["gated"] is False
+    sv_attention.enable(m, "sv_attention", nu=np.float32(0.25), chunk=np.int64(8))
+    assert m.config.sv_attention["nu"] == 0.25 and m.config.sv_attention["chunk"] == 8
+    assert type(m.config.sv_attention["chunk"]) is int

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from sv_attention.hf.masked_sdpa import grouped_biased_sdpa
+from sv_attention.ops.sv_gate.readout import grouped_biased_sdpa
 
 
 def plain(query, key, value, visible, bias, scaling):
@@ -45,7 +45,7 @@ def test_row_blocks_equal_the_eager_reference(row_block, bias_rows):
 
 def test_a_factored_gate_bias_gives_the_dense_result():
     """grouped_biased_sdpa reads a GateBias block by block exactly as the dense bias it stands for."""
-    from sv_attention.hf.sv_gate import GateBias
+    from sv_attention.ops.sv_gate import GateBias
 
     gen = torch.Generator().manual_seed(7)
     b, h, g, q, d = 2, 4, 2, 12, 3

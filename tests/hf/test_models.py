@@ -29,13 +29,13 @@ def model(request):
 def test_ceq_alpha_zero_bitwise_sdpa_and_alpha_positive_differs(model):
     sv_attention.enable(model, "sdpa")
     ref = full_logits(model)
-    sv_attention.enable(model, "ceq", alpha=0.0)
+    sv_attention.enable(model, "ceq", path_weight=0.0)
     assert torch.equal(full_logits(model), ref)
-    sv_attention.enable(model, "ceq", alpha=0.1)
+    sv_attention.enable(model, "ceq", path_weight=0.1)
     assert (full_logits(model) - ref).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("name,kw", [("sv_attention", {"nu": 0.5, "chunk": 4}), ("ceq", {"alpha": 0.2})])
+@pytest.mark.parametrize("name,kw", [("sv_attention", {"nu": 0.5, "chunk": 4}), ("ceq", {"path_weight": 0.2})])
 def test_prefill_equals_token_by_token_decode(model, name, kw):
     sv_attention.enable(model, name, **kw)
     with warnings.catch_warnings():
@@ -60,7 +60,7 @@ def test_gate_active_on_llama_and_past_key_values_spelling():
     assert (step - full).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("name,kw", [("sv_attention", {"nu": 0.5, "chunk": 4}), ("ceq", {"alpha": 0.3})])
+@pytest.mark.parametrize("name,kw", [("sv_attention", {"nu": 0.5, "chunk": 4}), ("ceq", {"path_weight": 0.3})])
 def test_left_padded_batch_generation_equals_per_sequence(model, name, kw):
     sv_attention.enable(model, name, **kw)
     g = torch.Generator().manual_seed(2)
@@ -83,7 +83,7 @@ def test_qwen2_sliding_layer_honoured_and_refusable():
     eager = tiny.qwen2_sliding()
     eager.set_attn_implementation("eager")
     ref = full_logits(eager, ids)
-    sv_attention.enable(m, "sv_attention", gate=False)
+    sv_attention.enable(m, "sv_attention", gated=False)
     assert torch.allclose(full_logits(m, ids), ref, atol=1e-5)  # the window reaches the function
     sv_attention.enable(m, "sv_attention", nu=0.5, chunk=4, sliding_window="refuse")
     with pytest.raises(UnsupportedFeatureError, match="sliding window"):
@@ -109,7 +109,7 @@ def test_minilm_encoder():
     m = tiny.minilm("eager")
     with torch.no_grad():
         ref = m(**enc).last_hidden_state
-        sv_attention.enable(m, "sv_attention", gate=False)
+        sv_attention.enable(m, "sv_attention", gated=False)
         off = m(**enc).last_hidden_state
         sv_attention.enable(m, "sv_attention", nu=0.5, chunk=4)
         on = m(**enc).last_hidden_state
@@ -117,7 +117,7 @@ def test_minilm_encoder():
     real = enc["attention_mask"].bool()
     assert torch.isfinite(on).all()
     assert (on[real] - ref[real]).abs().max() > 1e-4  # the gate is active on the long sentence
-    sv_attention.enable(m, "ceq", alpha=0.1)
+    sv_attention.enable(m, "ceq", path_weight=0.1)
     with pytest.raises(UnsupportedFeatureError, match="causal"):
         m(**enc)
 
@@ -133,12 +133,12 @@ def test_static_cache_sv_works_and_ceq_hops_refuse():
         first = m(IDS[:, :6], cache=cache, use_cache=True).logits
         nxt = [m(IDS[:, t:t + 1], cache=cache, use_cache=True).logits for t in range(6, 10)]
     assert (torch.cat([first, *nxt], 1) - full).abs().max() <= 1e-5
-    sv_attention.enable(m, "ceq", alpha=0.2)
+    sv_attention.enable(m, "ceq", path_weight=0.2)
     with pytest.raises(UnsupportedFeatureError, match="static"), torch.no_grad():
         m(IDS[:, :6], cache=StaticCache(config=m.config, max_cache_len=16), use_cache=True)
 
 
-@pytest.mark.parametrize("name,kw", [("sv_attention", {"nu": 0.5, "chunk": 4}), ("ceq", {"alpha": 0.2})])
+@pytest.mark.parametrize("name,kw", [("sv_attention", {"nu": 0.5, "chunk": 4}), ("ceq", {"path_weight": 0.2})])
 def test_generate_with_a_user_cache_under_both_spellings(name, kw):
     from transformers import DynamicCache
 

@@ -138,13 +138,14 @@ def test_a_known_starting_solution_skips_the_first_solve_without_changing_the_re
 def test_cold_start_from_uniform_on_clustered_keys_gives_valid_gates(dtype):
     """A cold start (uniform alpha, new = 0) whose active-set steps oscillate falls back to the cold solve,
     never to a warm-settings solve: every gate sums to 1 within the box and equals the cold solution."""
-    from sv_attention.hf.sv_gate import _fit_warm
+    from sv_attention.ops.sv_gate.fit import CountingSolve, count
 
     gen = torch.Generator().manual_seed(0)
     keys = (torch.randn(24, 64, 8, generator=gen) * 0.1 + torch.randn(24, 64, 1, generator=gen).sign()).to(dtype)
     gram = rbf_gram(keys, sigma=median_bandwidth(keys)[:, None, None])
     C = 1.0 / 9.6
-    alpha = _fit_warm(gram, torch.full((24, 64), 1.0 / 64, dtype=dtype), C, 0, stat="cold_pdas_fits")
+    alpha = fit_warm(gram, torch.full((24, 64), 1.0 / 64, dtype=dtype), C, 0, solve=CountingSolve(), count=count,
+                     stat="cold_pdas_fits")
     tol = 1e-4 if dtype == torch.float32 else 1e-9
     assert (alpha >= 0).all() and (alpha <= C * (1 + tol)).all()
     assert torch.allclose(alpha.sum(-1), torch.ones(24, dtype=dtype), atol=tol)

@@ -1,0 +1,130 @@
+"""The batched gate fit: warm starts, counted fallbacks, one differentiable final solve.
+
+Every fitted boundary goes through one chain (the only copy):
+
+1. **Partition.** A boundary whose previous boundary's gate is known starts warm from that gate's
+   partition (:func:`sv_attention.svdd.warm_fit.fit_warm`: primal-dual active-set steps, the first read
+   off the previous gate); a small first boundary (``<= COLD_PDAS_MAX_KEYS`` keys) starts the same steps
+   from "every key on the margin"; a larger cold boundary runs the partition finder
+   (:func:`sv_attention.svdd.batched.solve_batched` on the settings' ``gate_backend``). Problems that do
+   not settle fall back (working-set fit, then the cold solve); every fallback is counted in
+   :func:`gate_stats`, and a solve that ends with a caveat is reported once per process.
+2. **Gate.** The exact optimum of the found partition (bordered KKT solve, ridge
+   :data:`~sv_attention.svdd.polish.POLISH_RIDGE`). With ``detach_gate=False`` the same solve is
+   repeated on a Gram that carries the keys' autograd graph (:func:`differentiable_gate`), so the gate's
+   value is unchanged and its gradient is the implicit derivative of the optimum within the partition.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from sv_attention.svdd.polish import POLISH_RIDGE, fixed_partition_solve
+from sv_attention.svdd.warm_fit import fit_warm, partition_from_alpha
+
+#: Counters of what the gate did in this process (fits, solver statuses, reuse); see :func:`gate_stats`.
+STATS: dict[str, int] = {}
+_WARNED: set[str] = set()
+#: FISTA / power iterations of a warm-started finder run (the polish makes the found partition exact).
+WARM_FISTA_ITERS = 10
+WARM_POWER_ITERS = 5
+#: Cold fits up to this many keys start the active-set steps from uniform alpha (every key on the margin)
+#: instead of running the partition finder; larger cold fits use ``solve_batched``.
+COLD_PDAS_MAX_KEYS = 256
+
+
+def count(key: str, n: int = 1) -> None:
+    """Add ``n`` to the process-wide counter ``key`` (:func:`gate_stats`)."""
+    STATS[key] = STATS.get(key, 0) + int(n)
+
+
+def gate_stats() -> dict[str, int]:
+    """A copy of the process-wide gate counters (``fits``, ``warm_fits``, ``problems``, ``status:<name>``,
+    ``reused``, fallbacks...)."""
+    return dict(STATS)
+
+
+def warn_once(key: str, message: str) -> None:
+    """``warnings.warn`` a message once per process and key."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+class CountingSolve:
+    """``solve_batched`` with the gate's settings (finder backend, polish ridge), counting statuses.
+
+    Called as ``solve(gram [G, n, n], mask [G, n], C, init=None | [G, n])``; ``init`` is a warm start (the
+    finder then runs only :data:`WARM_FISTA_ITERS` iterations before the polish).
+    """
+
+    def __init__(self, backend: str = "auto") -> None:
+        self.backend = backend
+
+    def __call__(self, gram: torch.Tensor, mask: torch.Tensor, C: float, init: torch.Tensor | None = None):
+        from sv_attention.svdd.batched import STATUS_NAMES, solve_batched
+
+        if init is None:
+            sol = solve_batched(gram, mask, C, check_inputs=False, ridge=POLISH_RIDGE, backend=self.backend)
+        else:
+            sol = solve_batched(gram, mask, C, check_inputs=False, init_alpha=init, fista_iters=WARM_FISTA_ITERS,
+                                power_iters=WARM_POWER_ITERS, ridge=POLISH_RIDGE, backend=self.backend)
+            count("warm_fits")
+        count("fits")
+        count("problems", gram.shape[0])
+        if sol.backend == "mlx":
+            count("mlx_finder_calls")
+        for code, name in STATUS_NAMES.items():
+            k = int((sol.status == code).sum())
+            if k:
+                count(f"status:{name}", k)
+                if name in ("solve fallback", "not converged", "infeasible"):
+                    warn_once(f"status:{name}", f"sv gate: {k} SVDD problem(s) ended with status '{name}'; their "
+                              "alpha is the best available approximation (see "
+                              "sv_attention.ops.sv_gate.gate_stats())")
+        return sol
+
+
+def fit_cold(gram: torch.Tensor, C: float, solve: CountingSolve) -> torch.Tensor:
+    """Gates of full problems ``gram [G, n, n]`` (all keys valid) with no previous gate: ``alpha [G, n]``."""
+    G, n, _ = gram.shape
+    if n <= COLD_PDAS_MAX_KEYS and solve.backend != "mlx":
+        # a small first boundary: the active-set steps from "every key on the margin"
+        uniform = torch.full((G, n), 1.0 / n, dtype=gram.dtype, device=gram.device)
+        return fit_warm(gram, uniform, C, 0, solve=solve, count=count, stat="cold_pdas_fits")
+    dense = gram.dense() if hasattr(gram, "dense") else gram
+    alpha = solve(dense, torch.ones(G, n, dtype=torch.bool, device=gram.device), C).alpha.clamp_min(0.0)
+    return alpha
+
+
+def fit_from(gram: torch.Tensor, previous: torch.Tensor, C: float, new: int, solve: CountingSolve) -> torch.Tensor:
+    """Gates of full problems ``gram [G, n, n]`` warm-started from the previous boundary's gate
+    ``previous [G, n - new]``: ``alpha [G, n]``."""
+    init = torch.nn.functional.pad(previous.to(gram.dtype), (0, new))
+    return fit_warm(gram, init, C, new, solve=solve, count=count)
+
+
+def fit_masked(gram: torch.Tensor, mask: torch.Tensor, C: float, solve: CountingSolve) -> torch.Tensor:
+    """Gates of problems with invalid keys (a non-causal layer's padded sequences): ``alpha [G, n]``, 0 where
+    ``mask`` is False."""
+    alpha = solve(gram, mask, C).alpha.clamp_min(0.0)
+    return torch.where(mask, alpha, torch.zeros_like(alpha))
+
+
+def differentiable_gate(gram: torch.Tensor, alpha: torch.Tensor, C: float,
+                        mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The gate ``alpha [G, n]`` recomputed as the exact optimum of its own partition on ``gram [G, n, n]``
+    (which may carry autograd history): equal in value, differentiable w.r.t. the Gram (and so the keys
+    and the bandwidth) through the bordered solve (DESIGN §2.3, §2.4)."""
+    G, n = alpha.shape
+    mask = torch.ones(G, n, dtype=torch.bool, device=alpha.device) if mask is None else mask
+    margin, error = partition_from_alpha(alpha.detach(), C)
+    margin, error = margin & mask, error & mask
+    if not bool(mask.all()):
+        keep = mask[:, :, None] & mask[:, None, :]
+        gram = torch.where(keep, gram, torch.zeros((), dtype=gram.dtype, device=gram.device))
+    Ct = torch.full((G,), float(C), dtype=gram.dtype, device=gram.device)
+    sol = fixed_partition_solve(gram, mask, margin, error, Ct, POLISH_RIDGE)
+    return torch.where(mask, sol.alpha, torch.zeros_like(sol.alpha))

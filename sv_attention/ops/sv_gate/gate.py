@@ -1,0 +1,363 @@
+"""The chunk-frozen SV gate of one layer call: schedule, fits (batched or exact), the log-gate bias.
+
+For every sequence ``b`` and kv-head ``g``, the queries at positions ``[s, s + chunk)`` read a gate fitted
+on the keys at positions ``< s`` (:mod:`sv_attention.ops.sv_gate.schedule`): the SVDD coefficients
+``alpha_j`` (box ``C`` fixed, RBF bandwidth ``sigma``). The readout multiplies the softmax weights by
+``alpha_j`` on that gated prefix and by 1 on the local chunk, then renormalises; this module returns the
+multiplicative weights as a factored log-bias (:class:`GateBias`: ``log alpha``, ``-inf`` on reserve keys,
+0 elsewhere) that the readout adds to its logits before one softmax.
+
+Fits (:mod:`sv_attention.ops.sv_gate.fit`): ``solver="batched"`` runs the warm-started batched chain
+(boundaries in increasing order, each warm from the previous one's gate) and, with
+``detach_gate=False``, the differentiable final solve; ``solver="exact"`` streams the keys into fp64
+maintained solvers (:mod:`sv_attention.ops.sv_gate.exact`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from sv_attention.kernels import median_bandwidth, rbf_gram
+from sv_attention.ops.settings import SVSettings
+from sv_attention.ops.sv_gate.fit import (
+    CountingSolve,
+    count,
+    differentiable_gate,
+    fit_cold,
+    fit_from,
+    fit_masked,
+)
+from sv_attention.ops.sv_gate.schedule import GateSchedule, bandwidth
+from sv_attention.ops.sv_gate.state import GateState
+from sv_attention.svdd.gram_rows import LazyRBFGram
+from sv_attention.threads import torch_threads
+
+#: Largest dense Gram (bytes, all sequences and kv-heads of a layer call) the gate builds; beyond it, and for
+#: a call that fits a single boundary, rows are computed on demand (:class:`~sv_attention.svdd.gram_rows.LazyRBFGram`).
+DENSE_GRAM_MAX_BYTES = 256 * 2**20
+#: torch intra-op threads while the gate fits its boundaries on a CPU (None: leave torch's setting).
+#: The fits are chains of small operations (solves of a few hundred unknowns, row gathers) for which
+#: extra threads cost more in synchronisation than they save -- measured 5-10x slower with 2 threads
+#: than with 1 on a loaded 2-core machine; the Gram and the attention itself keep every thread.
+GATE_FIT_THREADS: int | None = 1
+
+
+#: Callbacks ``fn(s, alpha [m, g, s])`` called with the gate of every boundary a causal call reads (``m``: the
+#: sequences reading it); see :func:`observe_gates`.
+_OBSERVERS: list[Callable[[int, torch.Tensor], None]] = []
+
+
+@contextlib.contextmanager
+def observe_gates(callback: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
+    """While active, ``callback(s, alpha)`` receives the gate (detached, ``[m, g, s]``) of every boundary
+    ``s`` that a causal layer call reads, for the ``m`` sequences that read it (studies, e.g. gate support)."""
+    _OBSERVERS.append(callback)
+    try:
+        yield
+    finally:
+        _OBSERVERS.remove(callback)
+
+
+def safe_log(weights: torch.Tensor) -> torch.Tensor:
+    """``log(w)`` with ``-inf`` where ``w <= 0`` and a zero (not NaN) gradient there."""
+    pos = weights > 0
+    return torch.where(pos, torch.log(torch.where(pos, weights, torch.ones_like(weights))),
+                       torch.full_like(weights, float("-inf")))
+
+
+@dataclass
+class GateBias:
+    """The log-gate bias ``[b, g, q, kv]`` of a causal layer, kept factored (the fused readout reads it
+    block by block, only up to each block's last visible column).
+
+    ``bias[b, g, r, j] = log_table[b, g, slot[b, r], key_position[b, j]]``.
+
+    Attributes
+    ----------
+    log_table : Tensor ``[b, g, S + 1, P]``  log gate by (boundary slot, key position); slot ``S`` is
+        "ungated" (all 0)
+    slot : long Tensor ``[b, q]``  the boundary slot each query reads
+    key_position : long Tensor ``[b, kv]``  position of each key column (0 for invalid columns, which the
+        visibility mask hides anyway)
+    """
+
+    log_table: torch.Tensor
+    slot: torch.Tensor
+    key_position: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        b, g = self.log_table.shape[:2]
+        return torch.Size((b, g, self.slot.shape[1], self.key_position.shape[1]))
+
+    def rows(self, r0: int, r1: int, end: int) -> torch.Tensor:
+        """``bias[:, :, r0:r1, :end]`` as a new tensor ``[b, g, r1 - r0, end]``."""
+        b, g, slots, P = self.log_table.shape
+        lin = self.slot[:, r0:r1, None] * P + self.key_position[:, None, :end]  # [b, rows, end]
+        n = lin.shape[1] * lin.shape[2]
+        flat = self.log_table.reshape(b, g, slots * P)
+        return torch.gather(flat, 2, lin.reshape(b, 1, n).expand(b, g, n)).reshape(b, g, r1 - r0, end)
+
+    def dense(self) -> torch.Tensor:
+        """The whole bias ``[b, g, q, kv]``."""
+        return self.rows(0, self.slot.shape[1], self.key_position.shape[1])
+
+
+@dataclass
+class Gate:
+    """What a layer call's gate computation returns.
+
+    Attributes
+    ----------
+    bias : GateBias, Tensor ``[b, g, 1, kv]`` (non-causal) or None when no query reads a fitted gate
+    sigma : Tensor ``[b, g]`` or None  the bandwidth used (None when nothing was fitted)
+    alphas : dict ``s -> Tensor [b, g, s]``  the gate of every boundary read in this call, by position
+    state : GateState or None  the updated decoding state (when asked to keep one)
+    """
+
+    bias: GateBias | torch.Tensor | None
+    sigma: torch.Tensor | None
+    alphas: dict[int, torch.Tensor]
+    state: GateState | None
+
+
+def _fit_threads(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """Context of the boundary fits: :data:`GATE_FIT_THREADS` intra-op threads on a CPU (process-wide
+    while it lasts, restored after), nothing on other devices."""
+    if GATE_FIT_THREADS is None or device.type != "cpu" or torch.get_num_threads() <= GATE_FIT_THREADS:
+        return contextlib.nullcontext()
+    return torch_threads(GATE_FIT_THREADS)
+
+
+def _usable_state(state: GateState | None, key: torch.Tensor, sched: GateSchedule, q: int) -> GateState | None:
+    """``state`` when its key columns are unchanged, with the gates whose prefix is gone (a crop) dropped."""
+    if state is None:
+        return None
+    if not state.matches(key, q):
+        count("state_reset")
+        return None
+    kv = key.shape[2]
+    kept = sched.valid[:, : kv - q].sum(-1) if kv > q else torch.zeros_like(sched.lengths)
+    for s in list(state.gates):
+        state.done[s] = state.done[s] & (kept >= s)
+    state.sigma = torch.where((kept >= sched.chunk)[:, None], state.sigma, torch.full_like(state.sigma, float("nan")))
+    if state.exact is not None and state.exact_ingested is not None \
+            and any(int(k) < n for k, n in zip(kept.tolist(), state.exact_ingested)):
+        state.exact, state.exact_ingested = None, None  # a crop: the exact solvers restart from the keys
+    return state
+
+
+def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, *,
+                state: GateState | None = None, keep_state: bool = False, detach: bool = True) -> Gate:
+    """The gate of a causal layer call.
+
+    Parameters
+    ----------
+    key : Tensor ``[b, g, kv, d]`` (all keys of the layer, past included; fp32 / fp64)
+    visible : bool Tensor ``[b, q, kv]``  what each query may attend (padding, causality, windows)
+    settings : SVSettings
+    state : GateState or None  from the previous call of this layer
+    keep_state : bool  return an updated state (decoding)
+    detach : bool  False: the gates carry the autograd graph of ``key`` (batched solver only)
+
+    Returns
+    -------
+    Gate
+    """
+    b, g, kv, d = key.shape
+    q = visible.shape[1]
+    sched = GateSchedule.from_visible(visible, settings)
+    state = _usable_state(state, key, sched, q) if keep_state else None
+    if not bool(sched.gated.any()):
+        if keep_state:
+            state = state or GateState.new(key)
+            state.record(key, None)
+        return Gate(bias=None, sigma=None, alphas={}, state=state)
+    P = int(sched.lengths.max())
+    dt = key.dtype
+    kbp_cache: list[torch.Tensor] = []
+
+    def kbp() -> torch.Tensor:  # keys by position [b, g, P, d], built only when a fit or a bandwidth needs it
+        if not kbp_cache:
+            kbp_cache.append(sched.keys_by_position(key.detach(), P))
+        return kbp_cache[0]
+
+    # bandwidth per (sequence, kv-head)
+    if settings.sigma is not None:
+        sig = torch.full((b, g), settings.sigma, dtype=dt, device=key.device)
+    else:
+        sig = state.sigma.to(dt) if state is not None else torch.full((b, g), float("nan"), dtype=dt,
+                                                                     device=key.device)
+        need = sched.gated.any(-1)[:, None] & torch.isnan(sig)
+        if bool(need.any()):
+            sig = torch.where(need, bandwidth(kbp(), sched.lengths, settings.chunk).to(dt), sig)
+
+    bounds = sched.boundaries()
+    rows_of = [(sched.gated & (sched.boundary == s)).any(-1) for s in bounds]  # [b] sequences reading s
+    alphas: list[torch.Tensor] = []
+    todo: list[tuple[int, int, torch.Tensor]] = []  # (boundary index, s, sequences to fit)
+    for i, s in enumerate(bounds):
+        alpha = torch.zeros(b, g, s, dtype=dt, device=key.device)
+        have = torch.zeros(b, dtype=torch.bool, device=key.device)
+        if state is not None and s in state.gates and detach:
+            have = state.done[s] & rows_of[i]
+            alpha = torch.where(have[:, None, None], state.gates[s].to(dt), alpha)
+            count("reused", int(have.sum()))
+        need = rows_of[i] & ~have
+        if bool(need.any()):
+            todo.append((i, s, need.nonzero().flatten()))
+        alphas.append(alpha)
+    if todo:
+        if settings.solver == "exact":
+            from sv_attention.ops.sv_gate.exact import exact_gates
+
+            state_for_exact = state if keep_state else None
+            fitted, exact_solvers = exact_gates(kbp(), sched.lengths, sig, settings.box, todo, state_for_exact)
+            for i, s, rows in todo:
+                alphas[i] = alphas[i].index_copy(0, rows, fitted[(i, s)].to(dt))
+            if keep_state:
+                state = state or GateState.new(key, sig)
+                state.exact, state.exact_ingested = exact_solvers
+        else:
+            _fit_batched(alphas, bounds, rows_of, todo, kbp, sig, settings, state, d)
+    if not detach:  # the same gates, recomputed on a Gram that carries the keys' autograd graph
+        kbp_grad = sched.keys_by_position(key, P)
+        for i, s in enumerate(bounds):
+            rows = rows_of[i].nonzero().flatten()
+            keys = kbp_grad[rows][:, :, :s].reshape(-1, s, d)
+            gram = rbf_gram(keys, sigma=sig[rows].reshape(-1)[:, None, None].detach())
+            grad_alpha = differentiable_gate(gram, alphas[i][rows].reshape(-1, s), settings.box)
+            alphas[i] = alphas[i].index_copy(0, rows, grad_alpha.reshape(len(rows), g, s))
+    for i, s in enumerate(bounds):
+        for observer in _OBSERVERS:
+            observer(s, alphas[i][rows_of[i]].detach())
+    S = len(bounds)
+    table = torch.ones(b, g, S + 1, P, dtype=dt, device=key.device)  # slot S: "ungated"
+    for i in range(S):
+        a = alphas[i].clamp_min(settings.gate_floor) if settings.gate_floor > 0 else alphas[i]
+        table = _set_slot(table, i, a)
+    if keep_state:
+        state = state or GateState.new(key, sig)
+        for i, s in enumerate(bounds):
+            rows = rows_of[i]
+            prev = state.gates.get(s, torch.zeros(b, g, s, dtype=dt, device=key.device))
+            state.gates[s] = torch.where(rows[:, None, None], alphas[i].detach(), prev)
+            state.done[s] = state.done.get(s, torch.zeros(b, dtype=torch.bool, device=key.device)) | rows
+        state.record(key, sig)
+        # later queries only read their current boundary or later ones: drop older gates (state stays O(kv))
+        qpos_last = sched.query_position[:, -1]
+        last = torch.where(qpos_last >= 0, sched.boundary[:, -1], torch.zeros_like(qpos_last))
+        oldest = int(last.min())
+        for s_old in [s_ for s_ in state.gates if s_ < oldest]:
+            del state.gates[s_old], state.done[s_old]
+    slot = torch.full((b, q), S, dtype=torch.long, device=key.device)
+    for i, s in enumerate(bounds):
+        slot = torch.where(sched.gated & (sched.boundary == s), torch.full_like(slot, i), slot)
+    bias = GateBias(log_table=safe_log(table), slot=slot, key_position=sched.key_position.clamp_min(0))
+    return Gate(bias=bias, sigma=sig, alphas=dict(zip(bounds, alphas)), state=state)
+
+
+def _set_slot(table: torch.Tensor, i: int, alpha: torch.Tensor) -> torch.Tensor:
+    """``table`` with ``table[:, :, i, :s] = alpha`` (out of place, so autograd reaches ``alpha``)."""
+    s = alpha.shape[-1]
+    row = torch.cat([alpha, table[:, :, i, s:]], -1) if s < table.shape[-1] else alpha
+    return torch.cat([table[:, :, :i], row[:, :, None], table[:, :, i + 1:]], 2)
+
+
+def _fit_batched(alphas: list[torch.Tensor], bounds: list[int], rows_of: list[torch.Tensor],
+                 todo: list[tuple[int, int, torch.Tensor]], kbp, sig: torch.Tensor, settings: SVSettings,
+                 state: GateState | None, d: int) -> None:
+    """Fit every missing (boundary, sequence) gate of ``todo`` in place into ``alphas`` (no autograd):
+    warm from the gate of the previous boundary ``s - chunk`` where it is known (fitted just before, or
+    kept in the decoding state), else cold; boundaries in increasing order so each warm start is ready."""
+    keys = kbp()
+    b, g = keys.shape[:2]
+    dt, dev = keys.dtype, keys.device
+    chunk, C = settings.chunk, settings.box
+    solve = CountingSolve(settings.gate_backend)
+    n_all = max(s for _, s, _ in todo)
+    # One dense Gram per (sequence, kv-head), sliced per boundary, when several boundaries are fitted and it
+    # fits DENSE_GRAM_MAX_BYTES (fastest: one big kernel); otherwise (a decoding step crossing one boundary,
+    # long contexts) Gram rows on demand, kept across boundaries: the fits read only the margin / error rows.
+    dense = len(todo) > 1 and b * g * n_all * n_all * keys.element_size() <= DENSE_GRAM_MAX_BYTES
+    with torch.no_grad():
+        if dense:
+            full = rbf_gram(keys[:, :, :n_all], sigma=sig[:, :, None, None])
+            count("dense_gram_calls")
+        else:
+            lazy_all = LazyRBFGram(keys[:, :, :n_all].reshape(b * g, n_all, d), sig.reshape(-1))
+            count("lazy_gram_calls")
+        known: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # s -> (alpha [b, g, s], have [b])
+        if state is not None:
+            for s_, a_ in state.gates.items():
+                known[s_] = (a_.to(dt), state.done[s_].clone())
+        pending = {i: rows for i, _, rows in todo}
+        for i, s in enumerate(bounds):
+            have_i = rows_of[i].clone()
+            if i in pending:
+                have_i[pending[i]] = False
+            known[s] = (alphas[i], have_i)  # (rows outside rows_of[i] are not in alphas[i])
+        with _fit_threads(dev):  # restored on any exit
+            for i, s, rows in sorted(todo, key=lambda t: t[1]):
+                prev = known.get(s - chunk)
+                warm = prev[1][rows] if prev is not None else torch.zeros(len(rows), dtype=torch.bool, device=dev)
+                for rows_b, is_warm in ((rows[~warm], False), (rows[warm], True)):
+                    if not len(rows_b):
+                        continue
+                    if dense:
+                        blk = full[:, :, :s, :s]  # a view: no copy when every sequence is fitted
+                        gram = (blk if len(rows_b) == b else blk[rows_b]).reshape(-1, s, s)
+                    else:
+                        lazy = lazy_all if len(rows_b) == b else LazyRBFGram(
+                            keys[rows_b][:, :, :n_all].reshape(-1, n_all, d), sig[rows_b].reshape(-1))
+                        gram = lazy.prefix(s)
+                    if is_warm:
+                        fitted = fit_from(gram, prev[0][rows_b].reshape(-1, s - chunk), C, chunk, solve)
+                    else:
+                        fitted = fit_cold(gram, C, solve)
+                    alphas[i] = alphas[i].index_copy(0, rows_b, fitted.reshape(len(rows_b), g, s).to(dt))
+                done = known[s][1].clone()
+                done[rows] = True
+                known[s] = (alphas[i], done)
+
+
+def full_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, *, detach: bool = True) -> Gate:
+    """The gate of a non-causal (encoder) layer: one gate per (sequence, kv-head) on all valid keys.
+
+    Parameters
+    ----------
+    key : Tensor ``[b, g, kv, d]``
+    visible : bool Tensor ``[b, q, kv]``
+
+    Returns
+    -------
+    Gate with ``bias`` ``[b, g, 1, kv]``, or None when every sequence is in warm-up.
+    """
+    b, g, kv, d = key.shape
+    valid = visible.any(dim=1)  # [b, kv]
+    rows = valid.sum(-1) >= settings.warmup
+    if not bool(rows.any()):
+        return Gate(bias=None, sigma=None, alphas={}, state=None)
+    m = valid[:, None, :].expand(b, g, kv)
+    if settings.sigma is None:
+        sig = median_bandwidth(key.detach(), m).to(key.dtype)
+    else:
+        sig = torch.full((b, g), settings.sigma, dtype=key.dtype, device=key.device)
+    ib = rows.nonzero().flatten()
+    mask = m[ib].reshape(-1, kv)
+    with torch.no_grad():
+        gram = rbf_gram(key[ib].detach().reshape(-1, kv, d), sigma=sig[ib].reshape(-1)[:, None, None])
+        fitted = fit_masked(gram, mask, settings.box, CountingSolve(settings.gate_backend))
+    if not detach:
+        gram = rbf_gram(key[ib].reshape(-1, kv, d), sigma=sig[ib].reshape(-1)[:, None, None])
+        fitted = differentiable_gate(gram, fitted, settings.box, mask)
+    fitted = fitted.reshape(len(ib), g, kv)
+    if settings.gate_floor > 0:
+        fitted = fitted.clamp_min(settings.gate_floor)
+    w = torch.ones(b, g, kv, dtype=key.dtype, device=key.device).index_copy(0, ib, fitted.to(key.dtype))
+    w = torch.where(m, w, torch.ones_like(w))  # invalid keys stay masked by `visible`
+    return Gate(bias=safe_log(w)[:, :, None, :], sigma=sig, alphas={kv: w}, state=None)

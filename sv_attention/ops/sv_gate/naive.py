@@ -1,0 +1,103 @@
+"""The reference of the SV-gated attention: plain loops, every boundary fitted by the exact solver.
+
+This is the obviously-correct version every path of the gate is tested against (the plug-in's prefill
+and decode, the model's forward and generate, the certified cache, ``CausalSVAttention``): outputs and
+gradients w.r.t. ``query``, ``key`` and ``value`` (the gate itself is a constant here, as with
+``detach_gate=True``). It follows DESIGN §2.1 / §2.5 directly:
+
+- positions count the valid keys of each sequence (a key is valid when some query may attend it);
+- a query at position ``t`` reads boundary ``s = chunk * floor(t / chunk)``; it is gated when
+  ``s >= chunk`` and ``s >= ceil(1/C) + 2``;
+- the gate of boundary ``s`` is the SVDD optimum on the keys at positions ``[0, s)`` from a fresh fp64
+  :class:`~sv_attention.svdd.IncrementalSVDD` (box ``C`` fixed, bandwidth ``sigma`` or the lower median
+  of the pairwise distances of the keys at positions ``< chunk``);
+- weights ``exp(scale q.k_j)`` over the visible keys, times ``alpha_j`` for keys before ``s``, normalised.
+
+Slow by design: use it on a few dozen keys.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from sv_attention.ops.settings import SVSettings
+from sv_attention.svdd import IncrementalSVDD
+
+
+def median_distance(keys: np.ndarray) -> float:
+    """Lower median of the pairwise distances ``||x_i - x_j||``, ``i < j`` (1.0 for fewer than two keys or
+    all distances 0)."""
+    dists = sorted(math.sqrt(float(((keys[i] - keys[j]) ** 2).sum()))
+                   for i in range(len(keys)) for j in range(i + 1, len(keys)))
+    if not dists:
+        return 1.0
+    med = dists[(len(dists) - 1) // 2]
+    return med if med > 0 else 1.0
+
+
+def exact_gate(keys: np.ndarray, C: float, sigma: float) -> np.ndarray:
+    """SVDD coefficients ``[n]`` of ``keys [n, d]`` from a fresh exact solver."""
+    solver = IncrementalSVDD(C, sigma)
+    solver.add(keys, ids=list(range(len(keys))))
+    out = np.zeros(len(keys))
+    out[solver.ids] = solver.alpha
+    return out
+
+
+def naive_sv_gate_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
+                            settings: SVSettings, *, scaling: float | None = None, causal: bool = True,
+                            ) -> torch.Tensor:
+    """Reference SV-gated attention, ``[b, h, q, dv]`` (rows with no visible key are 0).
+
+    Parameters
+    ----------
+    query : Tensor ``[b, h, q, d]``; key, value : Tensor ``[b, g, kv, d]``
+    visible : bool Tensor ``[b, q, kv]``
+    settings : SVSettings  (``gated``, ``C`` / ``nu`` / ``n0``, ``chunk``, ``sigma``, ``gate_floor``)
+    scaling : float or None
+    causal : bool  False: one gate on all valid keys, read by every query
+    """
+    b, h, q, d = query.shape
+    g, kv = key.shape[1], key.shape[2]
+    group = h // g
+    sc = d ** -0.5 if scaling is None else float(scaling)
+    C, chunk = settings.box, settings.chunk
+    warmup = math.ceil(1.0 / C - 1e-9) + 2
+    rows = []
+    for bi in range(b):
+        cols = [j for j in range(kv) if bool(visible[bi, :, j].any())]  # valid keys, in position order
+        position = {j: p for p, j in enumerate(cols)}
+        heads = []
+        for hi in range(h):
+            gi = hi // group
+            keys_np = key[bi, gi, cols].detach().double().cpu().numpy()
+            if settings.sigma is not None:
+                sigma = settings.sigma
+            else:
+                sigma = median_distance(keys_np if not causal else keys_np[:chunk])
+            gates: dict[int, np.ndarray] = {}
+            outs = []
+            for i in range(q):
+                seen = [j for j in range(kv) if bool(visible[bi, i, j])]
+                if not seen:
+                    outs.append(torch.zeros_like(value[bi, gi, 0]))
+                    continue
+                t = len(seen) - 1  # the query's position
+                s = chunk * (t // chunk) if causal else len(cols)
+                gated = settings.gated and (s >= warmup) and (s >= chunk or not causal)
+                logits = torch.stack([(query[bi, hi, i] * key[bi, gi, j]).sum() * sc for j in seen])
+                weight = torch.exp(logits - logits.max())
+                if gated:
+                    if s not in gates:
+                        gates[s] = exact_gate(keys_np[:s], C, sigma)
+                    mult = [max(float(gates[s][position[j]]), settings.gate_floor) if position[j] < s else 1.0
+                            for j in seen]
+                    weight = weight * torch.tensor(mult, dtype=weight.dtype, device=weight.device)
+                weight = weight / weight.sum()
+                outs.append((weight[:, None] * value[bi, gi, seen]).sum(0))
+            heads.append(torch.stack(outs))
+        rows.append(torch.stack(heads))
+    return torch.stack(rows)
