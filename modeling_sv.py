@@ -22,10 +22,11 @@ Operators (building blocks from the installed ``sv_attention`` package)
 ---------------------------------------------------------------------
 ``softmax`` (``sv_attention.ops.ceq.stock_attention``, transformers' SDPA path), ``swa`` (the same with a
 window), ``sv`` (``sv_attention.ops.sv_gate.sv_gate_attention`` + its ``GateState``), ``ceq`` /
-``ceq_path_sum`` (``sv_attention.ops.ceq.ceq_attention`` + ``sv_attention.ops.hop_cache.HopCache``),
-``smprime`` (``sv_attention.ops.smprime.SMPrime``). Explicit-weight references sit beside them
-(:func:`softmax_reference`) and in the package (``ceq_attention_reference``, ``naive_sv_gate_attention``,
-``smprime_reference``). Every operator's settings are one dataclass of ``sv_attention.ops.settings``
+``ceq_path_sum`` (``sv_attention.ops.ceq.ceq_layer_attention`` + its ``HopState``), ``smprime``
+(``sv_attention.ops.smprime.smprime_layer_attention`` + its ``SMPrimeState``): the same entry points the
+plug-in calls. Explicit-weight references sit beside them (:func:`softmax_reference`) and in the package
+(``ceq_attention_reference``, ``naive_sv_gate_attention``, ``smprime_reference``). Every operator's
+settings are one dataclass of ``sv_attention.ops.settings``
 (``SVConfig.operator_config`` holds its dict), resolved once per layer (``SVAttention.operator_settings``).
 
 Caching
@@ -79,10 +80,11 @@ CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ 
 class SVLMCache(DynamicCache):
     """A ``DynamicCache`` plus per-layer operator state.
 
-    ``operator_state[layer_idx]`` is a dict the layer's operator owns (hop histories for the ceq forms,
-    the frozen gate for ``sv``, the running path state for ``smprime``). Every tensor in it has the
-    batch on dim 0 and the position on dim 2, so beam-search reordering, batch selection and
-    :meth:`crop` (assisted / prompt-lookup decoding) apply to it as to keys and values.
+    ``operator_state[layer_idx]`` is a dict the layer's operator owns (``"hop"``: the ceq forms' ``HopState``,
+    ``"gate"``: the ``sv`` gate state, ``"gates"``: smprime's ``SMPrimeState``). State objects with the
+    batch / length hooks (``reorder``, ``batch_select_indices``, ``batch_repeat_interleave``, ``crop``)
+    follow beam-search reordering, batch selection and :meth:`crop` (assisted / prompt-lookup decoding)
+    as keys and values do; plain tensors in it (batch on dim 0, position on dim 2) are mapped directly.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -92,9 +94,9 @@ class SVLMCache(DynamicCache):
     def _map_state(self, fn: Callable[[torch.Tensor], torch.Tensor], method: str, arg: Any) -> None:
         """Apply a batch operation to every piece of operator state.
 
-        Tensors / lists of tensors are mapped with ``fn``; state objects with the method (``HopCache``)
-        apply it; state objects without it but with ``reset`` (``GateCache``, whose fingerprint cannot
-        see a batch permutation) are reset and recompute from the cached keys on the next call.
+        Tensors / lists of tensors are mapped with ``fn``; state objects with the method (``HopState``,
+        ``SMPrimeState``) apply it; state objects without it but with ``reset`` are reset and recompute
+        from the cached keys on the next call.
         """
         for state in self.operator_state.values():
             for key, value in list(state.items()):
@@ -124,9 +126,9 @@ class SVLMCache(DynamicCache):
 
         ``max_length`` has the installed transformers' meaning (5.24: ``<= 0`` removes that many tokens
         from the end and ``crop(0)`` is a no-op; older releases: ``> 0`` keeps the first ``max_length``).
-        Operator-state tensors (smprime's gates, position on dim 2) are sliced, state objects
-        with ``crop`` (``HopCache``) are cropped to the same length, the others (``GateCache``) are reset and
-        refit from the cached keys on the next call.
+        Operator-state tensors (position on dim 2) are sliced, state objects with ``crop`` (``HopState``,
+        ``SMPrimeState``) are cropped to the same length, the others with ``reset`` are reset and refit
+        from the cached keys on the next call.
         """
         before = self.get_seq_length()
         super().crop(max_length)
@@ -238,70 +240,48 @@ def ceq_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
                  operator_state: dict[str, Any] | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """ceq (``hybrid``: softmax + sum_h (alpha A)^h v, alpha = ``module.ceq_alpha``) and ceq_path_sum.
 
-    With a cache, the layer's :class:`sv_attention.ops.hop_cache.HopCache` (in ``operator_state["hop"]``)
-    holds the hop history so decoding equals the full prefill.
+    A thin caller of ``sv_attention.ops.ceq.ceq_layer_attention`` (the entry the ``"ceq"`` plug-in calls
+    too) with the model's own settings. With a cache, the layer's hop history
+    (``sv_attention.ops.ceq.HopState``, in ``operator_state["hop"]``) makes decoding equal the full prefill.
     """
-    from sv_attention.ops.ceq import ceq_attention
-    from sv_attention.ops.hop_cache import HopCache, ceq_attention_cached
+    from sv_attention.ops.ceq import ceq_layer_attention
 
-    p = module.operator_settings.resolved()
-    hybrid = p["form"] == "hybrid"
-    common = dict(form=p["form"], operator=p["variant"], alpha=module.ceq_alpha if hybrid else 1.0,
-                  hops=p["hops"], rho=p["rho"], lam=p["lam"], scaling=scaling, dropout=dropout,
-                  training=module.training)
-    if operator_state is None:
-        out = ceq_attention(query, key, value, mask, **common)
-    else:
-        hop = operator_state.get("hop")
-        if hop is None:
-            hop = operator_state["hop"] = HopCache()
-        out = ceq_attention_cached(query, key, value, mask, hop, **common)
-    return out.transpose(1, 2).contiguous(), None
+    settings = module.operator_settings
+    state = None if operator_state is None else operator_state.get("hop")
+    result = ceq_layer_attention(query, key, value, mask, settings,
+                                 path_weight=module.ceq_alpha if settings.form == "hybrid" else None,
+                                 scaling=scaling, dropout=dropout, training=module.training, state=state,
+                                 keep_state=operator_state is not None, check_layout=False,
+                                 layer_idx=getattr(module, "layer_idx", None))
+    if operator_state is not None:
+        operator_state["hop"] = result.state
+    return result.out.transpose(1, 2).contiguous(), None
 
 
 def smprime_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, *,
                      operator_state: dict[str, Any] | None = None, hidden_states: torch.Tensor | None = None,
                      **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """smprime (:class:`sv_attention.ops.smprime.SMPrime`, one per layer in ``module.smprime``).
+    """smprime (``sv_attention.ops.smprime``, one ``SMPrime`` per layer in ``module.smprime``).
 
-    The gates ``m``, ``theta`` come from the layer's input ``hidden_states``. smprime's row i depends on
-    every ``m_k`` / ``theta_k`` with ``k <= i``, so decoding keeps the gates of earlier positions in
-    ``operator_state`` and computes only the new rows, with the same function and the same per-row
-    operations as the prefill (O(s d) per decoded token: exact, not a recurrent state).
+    A thin caller of ``sv_attention.ops.smprime.smprime_layer_attention``: the gates ``m``, ``theta`` come
+    from the layer's input ``hidden_states``; with a cache, the gates of the earlier positions
+    (``SMPrimeState``, in ``operator_state["gates"]``) let decoding compute only the new rows, with the same
+    per-row operations as the prefill.
     """
-    from sv_attention.errors import InvalidInputError as _Invalid
+    from sv_attention.ops.smprime import smprime_layer_attention
 
     if dropout > 0.0 and module.training:
         warnings.warn("smprime applies no attention-weight dropout (its weights are never materialised); "
                       "the residual dropout of the backbone still applies", UserWarning, stacklevel=2)
     if hidden_states is None:
         raise UnsupportedFeatureError("smprime needs the layer's hidden_states (call it through SVAttention)")
-    sm = module.smprime
-    q_len, kv_len = query.shape[-2], key.shape[-2]
-    m, theta = sm.gates(hidden_states)
-    m_all, th_all = m, theta
-    past = kv_len - q_len
+    state = None if operator_state is None else operator_state.get("gates")
+    result = smprime_layer_attention(query, key, value, mask, module.smprime, hidden_states, scaling=scaling,
+                                     state=state, keep_state=operator_state is not None)
     if operator_state is not None:
-        if past > 0:
-            prev = operator_state.get("m")
-            if prev is None or prev.shape[2] != past or prev.shape[0] != query.shape[0]:
-                raise _Invalid(f"smprime cache holds {0 if prev is None else prev.shape[2]} positions, the call "
-                               f"needs {past}; reset the cache together with the key/value cache")
-            m_all = torch.cat([prev, m], -1)
-            th_all = torch.cat([operator_state["theta"], theta], -1)
-        operator_state.update(m=m_all, theta=th_all)
-    elif past > 0:
-        raise _Invalid("smprime with cached keys needs its operator state (use SVLMCache)")
-    key_pad = None if mask is None else mask[:, 0, -1, :]  # the last row sees every real key
-    if key_pad is not None and bool(key_pad.all()):
-        key_pad = None
-    from sv_attention.ops.smprime import smprime_attention
-
-    out = smprime_attention(query, key, value, m_all.to(query.dtype), th_all.to(query.dtype),
-                            beta=sm.beta.to(query.dtype), qk=sm.qk.to(query.dtype), mask=key_pad,
-                            scaling=scaling)
-    return out.transpose(1, 2).contiguous(), None
+        operator_state["gates"] = result.state
+    return result.out.transpose(1, 2).contiguous(), None
 
 
 def sv_operator(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -28,12 +28,11 @@ a fingerprint of the keys on every call, so fresh prefills, crops and beam reord
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from sv_attention.errors import HopCacheError, InvalidInputError, MaskError, UnsupportedFeatureError
+from sv_attention.errors import InvalidInputError, MaskError, UnsupportedFeatureError
 from sv_attention.hf.gate_handoff import GateHandoff, pop_pending_gate
 from sv_attention.hf.settings import (
     CEQ_NAME,
@@ -204,104 +203,6 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
 # ------------------------------------------------------------------------------------------------------------
 # ceq
 # ------------------------------------------------------------------------------------------------------------
-@dataclass
-class HopState:
-    """ceq hop history of one layer, in capacity buffers that decoding extends in place.
-
-    Store column ``base + j`` belongs to key column ``j`` of the previous call; columns ``[base, end)`` are
-    live. A decoding step validates the live columns against the keys it receives, then writes its own
-    rows after them (no copy of the history; :func:`sv_attention.ops.hop_cache.reserve_columns` moves
-    them to buffers of twice the needed size when full, amortised O(1) per step).
-
-    Attributes
-    ----------
-    store : list of Tensor ``[b, h, cap, d]``  hop outputs ``y_1 .. y_{K-1}``
-    fingerprint : Tensor ``[b, h_kv, cap]``  first feature of every key column
-    base, end : int  live columns
-    signature : tuple  operator / rho / lam / hops / scaling / form that filled it
-    """
-
-    store: list[torch.Tensor]
-    fingerprint: torch.Tensor
-    base: int
-    end: int
-    signature: tuple
-
-
-def _match_rows(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor | None:
-    """Index ``idx`` with ``old[idx] == new`` row by row (beam reorder), or None."""
-    idx = []
-    for r in range(new.shape[0]):
-        hit = [o for o in range(old.shape[0]) if torch.equal(old[o], new[r])]
-        if not hit:
-            return None
-        idx.append(hit[0])
-    return torch.tensor(idx, dtype=torch.long, device=old.device)
-
-
-def _ceq_state(state: HopState | None, key: torch.Tensor, q_len: int, signature: tuple, sliding: bool,
-               layer_idx: int | None, private: bool) -> HopState:
-    """The hop state of this call's past columns, with room for ``q_len`` more; raises when it is unknown.
-
-    Checks, in order: a state with this signature exists; it holds at least the ``past = kv_len - q_len``
-    columns the key cache has (a sliding window keeps the last ones, a crop the first ones); the first
-    feature of each of those key columns equals the fingerprint recorded when its history row was
-    written (detects another conversation or an edited cache; O(past) elements, i.e. ``1 / d`` of the key
-    cache the attention reads anyway). Rows in another order (beam search) are matched and gathered.
-
-    The returned state has ``end = base + past``; its buffers are the input state's (its columns from
-    ``end`` on may be overwritten) unless it was gathered, grown, or ``private`` (a copy, so the input
-    state stays intact).
-    """
-    from sv_attention.ops.hop_cache import reserve_columns, take_columns
-
-    b, g, kv_len, _ = key.shape
-    past = kv_len - q_len
-    if state is None or state.signature != signature:
-        raise HopCacheError(
-            f"ceq layer {layer_idx}: decoding {q_len} token(s) after {past} cached positions, but no hop "
-            "history for them is held (the cache was filled by another attention implementation, with other "
-            "ceq settings, or the state was reset); run the prompt again through the model with this setting")
-    n_prev = state.end - state.base
-    if past > n_prev:
-        raise HopCacheError(f"ceq layer {layer_idx}: the key cache holds {past} past positions but the hop "
-                            f"history only {n_prev}; prefill again")
-    start = state.base + (n_prev - past if sliding else 0)  # windows keep the last columns, crops the first
-    fp_old = state.fingerprint[:, :, start:start + past]
-    fp_new = key[:, :, :past, 0]
-    bufs = [*state.store, state.fingerprint]
-    if fp_old.shape[0] == b and torch.equal(fp_old, fp_new):
-        if private:
-            bufs, start = take_columns(bufs, start, past, kv_len), 0
-        else:
-            bufs, start = reserve_columns(bufs, start, past, kv_len)
-    else:
-        idx = _match_rows(fp_old, fp_new)
-        if idx is None:
-            raise HopCacheError(
-                f"ceq layer {layer_idx}: the cached keys differ from those the hop history was built on (another "
-                "conversation or an edited cache); call sv_attention.hf.reset_state(model) and prefill again")
-        bufs, start = take_columns(bufs, start, past, kv_len, rows=idx), 0
-    return HopState(store=bufs[:-1], fingerprint=bufs[-1], base=start, end=start + past, signature=signature)
-
-
-def _require_queries_last(mask: torch.Tensor | None, q_len: int, kv_len: int, layer_idx: int | None) -> None:
-    """The hop engine needs query row r at key column ``kv_len - q_len + r`` (a dynamic cache's layout)."""
-    bad = False
-    if mask is None:
-        bad = 1 < q_len < kv_len  # sdpa's convention for an empty static cache: queries at the first columns
-    elif isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[-1] == kv_len:
-        vis = to_bool_mask(mask, q_len, kv_len)[:, 0]  # [b, q, kv]
-        has = vis.any(-1)
-        last = kv_len - 1 - vis.flip(-1).long().argmax(-1)  # last visible column of each row
-        want = torch.arange(kv_len - q_len, kv_len, device=vis.device)[None, :]
-        bad = bool(((last != want) & has).any())
-    if bad:
-        raise UnsupportedFeatureError(
-            f"ceq layer {layer_idx}: the queries are not the last key columns (a static / pre-allocated cache); "
-            "the hop engine needs a DynamicCache-style layout: generate with the default cache")
-
-
 def _path_weight(module: torch.nn.Module, settings: CeqSettings) -> float | torch.Tensor:
     """The hop weight ``alpha``: the module's own learned ``ceq_alpha`` when the module belongs to an sv_lm
     model whose operator is ceq (the plug-in then computes what the model computes), else the setting."""
@@ -316,10 +217,12 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
                           **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """ceq on a pretrained model: the model's own sdpa attention plus ``sum_{h<=K} (alpha A)^h v``.
 
-    The stock term is transformers' ``sdpa_attention_forward`` on the mask the paired ``"ceq"`` mask
-    function built (sdpa's own), so ``alpha = 0`` is bitwise the model's sdpa output. The hop terms come
-    from :func:`sv_attention.ops.ceq.ceq_attention`; decoding with the model's cache extends a hop history
-    kept on the module (see :class:`HopState`), equal to the no-cache recomputation.
+    A thin caller of :func:`sv_attention.ops.ceq.ceq_layer_attention` (the entry the remote-code model's
+    ceq operators call too). The stock term is transformers' ``sdpa_attention_forward`` on the mask the
+    paired ``"ceq"`` mask function built (sdpa's own), so ``alpha = 0`` is bitwise the model's sdpa output.
+    Decoding with the model's cache extends the layer's hop history
+    (:class:`sv_attention.ops.ceq.HopState`), kept on the module and checked against the keys on every
+    call, equal to the no-cache recomputation.
 
     Parameters
     ----------
@@ -336,70 +239,47 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     Raises
     ------
     UnsupportedFeatureError
-        Hops on a non-causal (encoder) layer (ceq is a causal operator; ``alpha = 0`` is allowed).
+        Hops on a non-causal (encoder) layer (ceq is a causal operator; ``alpha = 0`` is allowed), or
+        queries that are not the last key columns (a static cache).
     HopCacheError
         A decode step whose hop history is unknown (see :func:`reset_state`).
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from sv_attention.ops.ceq import ceq_attention
+    from sv_attention.ops.ceq import HopState, ceq_layer_attention, ceq_matrix
 
     _refuse_unsupported(CEQ_NAME, kwargs)
     settings: CeqSettings = module_settings(module, CEQ_NAME)  # type: ignore[assignment]
     weight = _path_weight(module, settings)
-    if isinstance(weight, float) and weight == 0 and settings.form == "hybrid" and not kwargs.get("output_attentions"):
+    output_attentions = bool(kwargs.get("output_attentions"))
+    stock_only = settings.form == "hybrid" and isinstance(weight, float) and weight == 0.0
+    if stock_only and not output_attentions:
         # fast path: exactly the model's sdpa call (same function, same arguments), bitwise and as fast
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                         scaling=scaling, **kwargs)
         return out, None
     check_gqa(query, key, value)
-    p = settings.resolved()
     causal = _is_causal(module, kwargs)
     training = bool(module.training)
     layer_idx = getattr(module, "layer_idx", None)
-    stock_only = p["form"] == "hybrid" and isinstance(weight, float) and weight == 0.0
-    if not causal and not stock_only:
+    if stock_only:  # with output_attentions: the sdpa output and the ceq matrix A
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=float(dropout),
+                                        scaling=scaling, **kwargs)
+        p = settings.resolved()
+        weights = ceq_matrix(query, key, attention_mask, operator=p["variant"], rho=p["rho"],
+                             lam=p["lam"] if p["variant"] == "sgate" else None, scaling=scaling)
+        return out.contiguous(), weights
+    if not causal:
         raise UnsupportedFeatureError(
             f"ceq hops are causal (A is strictly lower-triangular) but layer {layer_idx} is not causal "
             "(an encoder); use alpha=0 or another attention implementation there")
-    if not stock_only:
-        _require_queries_last(attention_mask, query.shape[2], key.shape[2], layer_idx)
-    common = dict(form=p["form"], operator=p["variant"], alpha=weight, hops=p["hops"], rho=p["rho"],
-                  lam=p["lam"] if p["variant"] == "sgate" else None, scaling=scaling, dropout=float(dropout),
-                  training=training or float(dropout) > 0.0, is_causal=causal)
-    if stock_only:
-        # exactly the model's sdpa call (same function, same arguments): bitwise sdpa at sdpa's speed
-        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=float(dropout),
-                                        scaling=scaling, **kwargs)
-        out = out.transpose(1, 2)
-    else:
-        from sv_attention.ops.hop_cache import PREFILL_HEADROOM
-
-        keep_state = bool(kwargs.get("use_cache", True)) and not training
-        sliding = _sliding_window(module, kwargs) is not None
-        signature = (p["variant"], p["rho"], p["lam"], p["hops"], scaling, p["form"])
-        b, h, q_len, _ = query.shape
-        g, kv_len, dv = key.shape[1], key.shape[2], value.shape[-1]
-        past = kv_len - q_len
-        if past == 0:  # a fresh prefill: new buffers (with room for the decoding steps when kept)
-            cap = kv_len + (PREFILL_HEADROOM if keep_state else 0)
-            state = HopState(store=[query.new_empty(b, h, cap, dv) for _ in range(p["hops"] - 1)],
-                             fingerprint=key.new_empty(b, g, cap), base=0, end=0, signature=signature)
-        else:
-            old = module.__dict__.get(STATE_ATTR)
-            state = _ceq_state(old if isinstance(old, HopState) else None, key, q_len, signature, sliding,
-                               layer_idx, private=not keep_state)
-        if keep_state:  # valid as is (columns [base, end)) even if the call below raises
-            module.__dict__[STATE_ATTR] = state
-        out = ceq_attention(query, key, value, attention_mask, **common,
-                            _store=[t[:, :, state.base:] for t in state.store])
-        if keep_state:
-            state.fingerprint[:, :, state.end:state.end + q_len] = key[:, :, past:, 0]
-            state.end += q_len
-    weights = None
-    if kwargs.get("output_attentions"):
-        from sv_attention.ops.ceq import ceq_matrix
-
-        weights = ceq_matrix(query, key, attention_mask, operator=p["variant"], rho=p["rho"],
-                             lam=p["lam"] if p["variant"] == "sgate" else None, scaling=scaling)
-    return out.transpose(1, 2).contiguous(), weights
+    keep_state = bool(kwargs.get("use_cache", True)) and not training
+    held = module.__dict__.get(STATE_ATTR)
+    result = ceq_layer_attention(
+        query, key, value, attention_mask, settings, path_weight=weight, scaling=scaling, dropout=float(dropout),
+        training=training or float(dropout) > 0.0, is_causal=causal,
+        state=held if isinstance(held, HopState) else None, keep_state=keep_state,
+        sliding=_sliding_window(module, kwargs) is not None, layer_idx=layer_idx, return_weights=output_attentions)
+    if keep_state:
+        module.__dict__[STATE_ATTR] = result.state
+    return result.out.transpose(1, 2).contiguous(), result.weights

@@ -131,7 +131,7 @@ def _steps(mod, q, k, v, prefill, end, **kw):
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 def test_unmasked_decode_equals_recomputation_across_regrowth_and_crop(dtype, tol, monkeypatch):
     # transformers passes no mask when decoding one token with a DynamicCache: the single-row kernel
-    monkeypatch.setattr("sv_attention.ops.hop_cache.PREFILL_HEADROOM", 2)  # regrow the buffers on the way
+    monkeypatch.setattr("sv_attention.ops.ceq.state.PREFILL_HEADROOM", 2)  # regrow the buffers on the way
     q, k, v = (t.to(dtype) for t in qkv(q=20, kv=20, seed=6))
     full, _ = ceq_attention_forward(Mod(path_weight=0.3, hops=3), q, k, v, None, use_cache=False)
     mod = Mod(path_weight=0.3, hops=3)

@@ -112,7 +112,7 @@ def test_hop_caches_container_and_alpha_zero():
 def test_unmasked_single_token_decode_equals_prefill(dtype, tol, form, hops, hkv, monkeypatch):
     # no mask and one token per step: the single-row decode kernel; a tiny headroom makes the
     # capacity buffers regrow several times on the way
-    monkeypatch.setattr("sv_attention.ops.hop_cache.PREFILL_HEADROOM", 1)
+    monkeypatch.setattr("sv_attention.ops.ceq.state.PREFILL_HEADROOM", 1)
     q, k, v = _qkv(b=2, h=4, hkv=hkv, s=24, d=6, dtype=dtype, seed=5)
     full = ceq_attention(q, k, v, form=form, alpha=0.7, hops=hops)
     cache = HopCache()
