@@ -422,3 +422,101 @@ def test_sv_applies_attention_dropout_in_training():
     torch.testing.assert_close(out.transpose(1, 2), ref, rtol=1e-5, atol=1e-6)
     no_drop, _ = sv_operator_attention(attn, q, k, v, mask, scaling=0.25)
     torch.testing.assert_close(no_drop.transpose(1, 2), w @ v, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------
+# ceq and smprime: every path of the model against the naive references (fp64, relative error)
+# --------------------------------------------------------------------------------------------------
+def _rel(a, b):
+    a, b = a.detach(), b.detach()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def ceq_reference_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The model's ceq operators through ``ceq_attention_reference`` (prefill only: use_cache=False)."""
+    from sv_attention.ops.ceq import ceq_attention_reference
+
+    p = module.operator_settings.resolved()
+    out = ceq_attention_reference(query, key, value, attention_mask, form=p["form"], operator=p["variant"],
+                                  alpha=module.ceq_alpha if p["form"] == "hybrid" else 1.0, hops=p["hops"],
+                                  rho=p["rho"], lam=p["lam"] if p["variant"] == "sgate" else None, scaling=scaling)
+    return out.transpose(1, 2), None
+
+
+def smprime_reference_attention(module, query, key, value, attention_mask, scaling=None, hidden_states=None,
+                                **kwargs):
+    """The model's smprime operator through ``smprime_reference`` (prefill only: use_cache=False)."""
+    from sv_attention.ops.smprime import smprime_reference
+
+    sm = module.smprime
+    m, theta = sm.gates(hidden_states)
+    out = smprime_reference(query, key, value, m, theta, beta=sm.beta, qk=sm.qk, scaling=scaling, mask=attention_mask)
+    return out.transpose(1, 2), None
+
+
+AttentionInterface.register("svlm_test_ceq_reference", ceq_reference_attention)
+AttentionInterface.register("svlm_test_smprime_reference", smprime_reference_attention)
+REFERENCE_PATHS = [
+    ("ceq", {}, "svlm_test_ceq_reference"),
+    ("ceq", {"variant": "signed"}, "svlm_test_ceq_reference"),
+    ("ceq_path_sum", {}, "svlm_test_ceq_reference"),
+    ("ceq_path_sum", {"variant": "signed"}, "svlm_test_ceq_reference"),
+    ("smprime", {}, "svlm_test_smprime_reference"),
+]
+
+
+def _loss_and_grads(m, ids, mask):
+    labels = ids.masked_fill(mask == 0, -100)
+    out = m(ids, attention_mask=mask, labels=labels, use_cache=False)
+    grads = torch.autograd.grad(out.loss, [p for p in m.parameters() if p.requires_grad], allow_unused=True)
+    return out.logits.detach(), grads
+
+
+@pytest.mark.parametrize("op, knobs, reference", REFERENCE_PATHS)
+@pytest.mark.parametrize("padded", [False, True])
+def test_operator_paths_equal_the_naive_reference(op, knobs, reference, padded):
+    m = tiny(op, knobs, seed=16).double()
+    _perturb_alpha(m, 0.6)
+    a, _, ids, mask = _left_padded()
+    if not padded:
+        ids, mask = a, torch.ones_like(a)
+    m.set_attn_implementation(reference)
+    ref_logits, ref_grads = _loss_and_grads(m, ids, mask)
+    m.set_attn_implementation("eager")
+    logits, grads = _loss_and_grads(m, ids, mask)  # forward and backward of the built-in operator
+    assert _rel(logits, ref_logits) < 1e-12
+    assert sum(g is not None for g in grads) > 10
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert (g is None) == (r is None) and (g is None or _rel(g, r) < 1e-10)
+    with torch.no_grad():  # cached prefill + decoding steps
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        parts, cache = [], None
+        for lo, hi in ((0, 10), (10, 11), (11, 12), (12, 14)):
+            out = m(ids[:, lo:hi], attention_mask=mask[:, :hi], position_ids=pos[:, lo:hi], cache=cache,
+                    use_cache=True)
+            cache = getattr(out, CACHE_FIELD)
+            parts.append(out.logits)
+    assert _rel(torch.cat(parts, 1), ref_logits) < 1e-12
+    gen = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    cached = m.generate(ids, **gen)
+    m.set_attn_implementation(reference)
+    assert torch.equal(cached, m.generate(ids, use_cache=False, **gen))
+
+
+@pytest.mark.parametrize("op, knobs", [("ceq", {}), ("ceq", {"variant": "signed", "hops": 2}), ("ceq_path_sum", {})])
+def test_ceq_plugin_on_the_model_equals_its_builtin_operator(op, knobs):
+    import sv_attention  # noqa: F401 - registers the "ceq" plug-in
+
+    m = tiny(op, knobs, seed=17)
+    _perturb_alpha(m, 0.5)  # the plug-in must read the module's learned ceq_alpha and the model's settings
+    _, _, ids, mask = _left_padded()
+    gen = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        builtin = m(ids, attention_mask=mask, use_cache=False).logits
+        tokens = m.generate(ids, **gen)
+        m.set_attn_implementation("ceq")
+        plugin = m(ids, attention_mask=mask, use_cache=False).logits
+        plugin_cached = m(ids, attention_mask=mask).logits
+        assert torch.equal(m.generate(ids, **gen), tokens)
+    # the same entry point (ops.ceq.ceq_layer_attention) with the same settings and weight: bitwise equal
+    assert torch.equal(plugin, builtin) and torch.equal(plugin_cached, builtin)

@@ -213,3 +213,66 @@ def test_beam_search_with_the_cache_equals_beam_search_without():
         cached = m.generate(ids, **gk)  # beam reorders: the hop history follows by the key fingerprint
         recomputed = m.generate(ids, use_cache=False, **gk)
     assert torch.equal(cached, recomputed)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# every plug-in path against the naive reference (fp64, relative error), unpadded and left-padded
+# ------------------------------------------------------------------------------------------------------------
+F64 = torch.float64
+VARIANTS = [("sgate", "hybrid"), ("signed", "hybrid"), ("sgate", "path_sum"), ("signed", "path_sum")]
+
+
+def _rel(a, b):
+    a, b = a.detach(), b.detach()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def _left_padded_mask(b, s, pads):
+    """Causal 4-D bool mask with ``pads[r]`` padded key columns at the start of row r."""
+    real = torch.arange(s)[None, :] >= torch.tensor(pads)[:, None]  # [b, s]
+    return causal(b, s, s) & real[:, None, None, :]
+
+
+def _reference(q, k, v, mask, operator, form, alpha, scaling):
+    return ceq_attention_reference(q, k, v, mask, form=form, operator=operator, alpha=alpha, scaling=scaling)
+
+
+@pytest.mark.parametrize("operator,form", VARIANTS)
+@pytest.mark.parametrize("pads", [None, (0, 3)])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_prefill_equals_the_naive_reference_values_and_grads(operator, form, pads, use_cache):
+    q, k, v = (t.to(F64).requires_grad_(True) for t in qkv(q=9, kv=9, d=6, seed=11))
+    mask = None if pads is None else _left_padded_mask(2, 9, pads)
+    out, _ = ceq_attention_forward(Mod(path_weight=0.4, variant=operator, form=form), q, k, v, mask, scaling=0.3,
+                                   use_cache=use_cache)
+    ref = _reference(q, k, v, mask, operator, form, 0.4, 0.3).transpose(1, 2)
+    assert _rel(out, ref) < 1e-13
+    go = torch.randn(out.shape, dtype=F64, generator=torch.Generator().manual_seed(0))
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), go), torch.autograd.grad(ref, (q, k, v), go), strict=True):
+        assert _rel(a, b) < 1e-12
+
+
+@pytest.mark.parametrize("operator,form", VARIANTS)
+@pytest.mark.parametrize("pads", [None, (0, 2)])
+def test_decode_equals_the_naive_reference_values_and_query_grads(operator, form, pads):
+    s, pre = 10, 4
+    q, k, v = (t.to(F64) for t in qkv(q=s, kv=s, d=6, seed=12))
+    mask = None if pads is None else _left_padded_mask(2, s, pads)
+    ref = _reference(q, k, v, mask, operator, form, 0.4, None)
+    mod = Mod(path_weight=0.4, variant=operator, form=form)
+    ceq_attention_forward(mod, q[:, :, :pre], k[:, :, :pre], v[:, :, :pre],
+                          None if mask is None else mask[..., :pre, :pre])
+    for t in range(pre, s):
+        qt = q[:, :, t:t + 1].clone().requires_grad_(True)
+        mt = None if mask is None else mask[..., t:t + 1, :t + 1]  # transformers passes no mask unpadded
+        out, _ = ceq_attention_forward(mod, qt, k[:, :, :t + 1], v[:, :, :t + 1], mt)
+        want = ref[:, :, t:t + 1]
+        assert _rel(out, want.transpose(1, 2)) < 1e-12
+        # a query row's output depends on its own query through its row of A and the stock softmax only
+        # (the history rows come from earlier queries): its gradient equals the reference's
+        qr = q.clone().requires_grad_(True)
+        row = _reference(qr, k, v, mask, operator, form, 0.4, None)[:, :, t:t + 1]
+        go = torch.randn(out.shape, dtype=F64, generator=torch.Generator().manual_seed(t))
+        (g_dec,) = torch.autograd.grad(out, qt, go)
+        (g_ref,) = torch.autograd.grad(row, qr, go.transpose(1, 2))
+        assert _rel(g_dec, g_ref[:, :, t:t + 1]) < 1e-12

@@ -109,3 +109,28 @@ def test_last_rows_equal_the_prefill_rows(rows):
     assert torch.allclose(path_modulus(m, rows), path_modulus(m)[..., -rows:, :], atol=0)
     with pytest.raises(InvalidInputError, match="q_len <= kv_len"):
         smprime_attention(torch.cat([q, q], 2), k, v, m, theta)
+
+
+def _rel(a, b):
+    return float((a.detach() - b.detach()).norm() / b.detach().norm().clamp_min(1e-300))
+
+
+@pytest.mark.parametrize("rows", [None, 2])
+def test_fast_path_equals_the_naive_reference_with_padding_gqa_values_and_grads(rows):
+    g = torch.Generator().manual_seed(7)
+    b, h, hkv, s, d = 2, 4, 2, 7, 3
+    q = torch.randn(b, h, s, d, dtype=F64, generator=g)
+    k, v = (torch.randn(b, hkv, s, d, dtype=F64, generator=g) for _ in range(2))
+    m = (0.2 + 0.8 * torch.rand(b, h, s, dtype=F64, generator=g))  # m > 0: |G| differentiable everywhere
+    theta = torch.randn(b, h, s, dtype=F64, generator=g)
+    beta, qk = torch.tensor(0.7, dtype=F64), torch.tensor(1.3, dtype=F64)
+    pad = torch.ones(b, s, dtype=torch.bool)
+    pad[1, :3] = False  # left padding
+    t = s if rows is None else rows
+    ins = [x.clone().requires_grad_(True) for x in (q[:, :, s - t:], k, v, m, theta, beta, qk)]
+    fast = smprime_attention(*ins[:5], beta=ins[5], qk=ins[6], mask=pad, scaling=0.4)
+    ref = smprime_reference(*ins[:5], beta=ins[5], qk=ins[6], mask=pad, scaling=0.4)
+    assert _rel(fast, ref) < 1e-13
+    go = torch.randn(fast.shape, dtype=F64, generator=g)
+    for a, c in zip(torch.autograd.grad(fast, ins, go), torch.autograd.grad(ref, ins, go), strict=True):
+        assert _rel(a, c) < 1e-11
