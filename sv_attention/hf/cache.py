@@ -58,8 +58,8 @@ Transactions
 ------------
 ``evict``, ``forget`` (with or without ``reencode``) and ``crop`` snapshot the cache first (tensors by
 reference, solvers deep-copied); a failure part-way restores the snapshot, so every error leaves the
-cache as it was. A forward step whose chunk admission fails in some layer is undone in every layer
-(that layer from its snapshot, the earlier ones by a rebuild to the previous length) and raises
+cache as it was. A forward step whose chunk admission fails in some layer is undone in every layer (each
+from the snapshot it took at the start of the step, so bit-identically) and raises
 :class:`~sv_attention.errors.SolverError`.
 
 Known limits: sliding-window layers are refused; beam search (cache reordering) is refused.
@@ -300,6 +300,7 @@ class CertifiedCache(Cache):
                     "use the model's own cache for sliding-window / hybrid models")
         self.offload_device = None if offload is None else torch.device(offload)
         self.restore_events: list[RestoreEvent] = []
+        self._step: tuple[int, int, dict[int, dict[str, Any]]] | None = None  # (p0, restore events, snapshots)
         self._valid: np.ndarray | None = None  # [b, L] bool: real tokens (set_padding); None: no padding
         self._config = text_cfg
         super().__init__(layers=[CertifiedLayer(i) for i in range(num_layers)])
@@ -341,6 +342,9 @@ class CertifiedCache(Cache):
         # a call that crosses a chunk boundary admits keys into the solvers: snapshot them first
         admits = layer.is_initialized and ((p0 + q - 1) // self.chunk) * self.chunk > layer.admitted_upto
         st = layer.snapshot(deep=admits)
+        if self._step is None or self._step[0] != p0:
+            self._step = (p0, len(self.restore_events), {})
+        self._step[2][layer_idx] = st
         layer.update(key_states, value_states)
         try:
             weights = self._gate(layer, p0, q)
@@ -351,6 +355,8 @@ class CertifiedCache(Cache):
             raise SolverError(f"layer {layer_idx}: admitting the chunk before position {p0 + q} failed "
                               f"({type(exc).__name__}: {exc}); the step was undone in every layer (the cache holds "
                               f"positions 0..{p0 - 1} as before the call)") from exc
+        if layer_idx == len(self.layers) - 1:
+            self._step = None  # the step went through every layer: its snapshots are no longer needed
         if self._gate_consumed():
             qpos = torch.arange(p0, p0 + q, dtype=torch.long, device=layer.positions.device)
             set_pending_gate(GateHandoff(layer_idx=layer_idx, weights=weights, key_positions=layer.positions,
@@ -359,11 +365,19 @@ class CertifiedCache(Cache):
 
     # ------------------------------------------------------------------ transactions
     def _undo_step(self, layer_idx: int, st: dict[str, Any], p0: int) -> None:
-        """Undo a forward step that failed in ``layer_idx``: that layer returns to its snapshot, the layers
-        the step already went through drop the step's positions (their solvers are rebuilt from the stored
-        fp64 keys, as :meth:`crop` does), and no gate is left pending."""
+        """Undo a forward step that failed in ``layer_idx``: every layer the step went through returns to the
+        snapshot it took at the start of the step (bit-identical: solvers, slots, offload tier), the restore
+        events of the step are dropped, and no gate is left pending. A layer without a snapshot of this step
+        (not expected) drops the step's positions by a rebuild, as :meth:`crop` does."""
         self.layers[layer_idx].rollback(st)
         clear_pending_gates()
+        step = self._step if self._step is not None and self._step[0] == p0 else None
+        self._step = None
+        if step is not None:
+            del self.restore_events[step[1]:]
+            for idx, snap in step[2].items():
+                if idx != layer_idx and self.layers[idx].seen > p0:
+                    self.layers[idx].rollback(snap)
         if any(layer.seen > p0 for layer in self.layers):
             self._truncate(p0)
 
@@ -856,8 +870,9 @@ class CertifiedCache(Cache):
 
     # ------------------------------------------------------------------ re-encoding / truncation
     def _truncate(self, m: int) -> None:
-        """Keep positions ``< m`` only; the solvers are rebuilt from their stored fp64 keys so that they
-        hold exactly what a cache that saw only those ``m`` positions would hold."""
+        """Keep positions ``< m`` only. A layer that keeps every admitted position keeps its solvers exactly
+        as they are (``crop(seen)`` changes nothing); otherwise its solvers are rebuilt from their stored fp64
+        keys so that they hold exactly what a cache that saw only those ``m`` positions would hold."""
         c = self.chunk
         target = ((m - 1) // c) * c if m > 0 else 0
         for layer in self.layers:
@@ -869,6 +884,10 @@ class CertifiedCache(Cache):
             layer.forgotten = {p for p in layer.forgotten if p < m}
             layer.seen = min(layer.seen, m)
             bank = layer.bank
+            if bank is not None and target >= layer.admitted_upto:
+                # every admitted position is kept: the solvers stay exactly as they are
+                layer.invalidate_snapshot()
+                continue
             if bank is not None:
                 keys = self._history_keys(bank)  # {(row, kv-head): {pos: key}}
                 if target < c:

@@ -150,21 +150,27 @@ class SolverBank:
         return [int(p) for p in positions if int(p) in ids]
 
     def check_removable(self, positions: list[int]) -> None:
-        """Raise :class:`InfeasibleBoxError` when removing ``positions`` would leave some solver with
-        ``n * C < 1`` active keys (mirrors the solver's own check, so nothing is mutated on refusal)."""
-        ps = set(positions)
+        """Raise :class:`InfeasibleBoxError` when removing ``positions`` would leave some solver with a
+        history of ``n * C < 1`` keys.
+
+        The history is what the solver itself counts: its active keys *and* the keys evicted at the solver
+        level (a deletion that the active keys alone cannot absorb re-admits evicted keys first), so an
+        earlier certified eviction never changes what can be deleted. Mirrors
+        :meth:`IncrementalSVDD.remove`'s own check, so nothing is mutated on refusal.
+        """
+        ps = set(int(p) for p in positions)
         for i, j, s in self.each():
             if not s.has_solution:
                 continue
-            ids = set(s.ids.tolist())
-            active = [p for p in ps if p in ids]
-            n_after = s.n - len(active)
-            if active and n_after * self.C < 1.0 - 1e-12:
+            held = set(s.ids.tolist()) | set(s.evicted_ids)
+            n_hist = len(held)
+            n_after = n_hist - len(ps & held)
+            if n_after < n_hist and n_after * self.C < 1.0 - 1e-12:
                 need = int(math.ceil(1.0 / self.C - 1e-9))
                 raise InfeasibleBoxError(
-                    f"forgetting {sorted(ps)} leaves solver (batch {i}, kv-head {j}) with {n_after} active keys and "
-                    f"{n_after}*C = {n_after * self.C:.4g} < 1 (C={self.C:.4g} is fixed; at least {need} keys are "
-                    "needed): forget fewer tokens, or forget after more tokens were admitted")
+                    f"forgetting {sorted(ps)} leaves solver (batch {i}, kv-head {j}) with a history of {n_after} keys "
+                    f"(active + evicted) and {n_after}*C = {n_after * self.C:.4g} < 1 (C={self.C:.4g} is fixed; at "
+                    f"least {need} keys are needed): forget fewer tokens, or forget after more tokens were admitted")
 
     def remove(self, positions: list[int]):
         """Exact decrement of ``positions`` in every solver holding them; yields ``(i, j, receipt, elapsed_s)``."""

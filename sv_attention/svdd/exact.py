@@ -12,21 +12,35 @@ and shrunk by one row/column per key, in a capacity buffer), the KKT gradients
 - **Admission** of key c: it enters with ``alpha_c = 0``; if ``g_c >= 0`` it is reserve and nothing
   moves; otherwise ``alpha_c`` is swept up, event by event, until ``g_c = 0`` (c joins S) or
   ``alpha_c = C`` (c joins E).
-- **Deletion** of key c: ``alpha_c`` is swept down to 0 event by event, then the key is dropped. The
-  result is the solution a refit without c reaches, with the same C.
+- **First feasible solve** (the admission that makes ``n * C >= 1``) is a walk too, independent of the
+  SMO reference (:mod:`.reference`): a *slack key* with a zero kernel row and no upper bound starts with
+  all the mass (a trivially optimal point), the stored keys are admitted one by one, then the slack key
+  is deleted by the deletion walk.
+- **Deletion** of key c: an exact duplicate of c (bitwise-equal key, so an identical Gram row) takes
+  over as much of ``alpha_c`` as its box allows, with no walk (:meth:`IncrementalSVDD._absorb_into_twins`);
+  what is left of ``alpha_c`` is swept down to 0 event by event, then the key is dropped. The result is the
+  solution a refit without c reaches, with the same C.
 - **Empty margin set** mid-walk (DESIGN §2.2): the swept variable becomes rho (every g moves with slope
   1) until the first key able to take up mass reaches ``g = 0`` and joins S; the walk resumes.
-- **Guards**: tiny pivots, exploding ``max|R|`` and a periodic schedule refactor ``R`` from scratch;
-  a join whose bordered matrix is singular to working precision (a duplicate key) is refused and the
-  key stays on its bound for the rest of the walk; the key that just left S may not re-enter on a
+- **Degenerate keys** (exact or near duplicates, bandwidths far above the data scale): a key whose
+  sensitivity ``gamma`` is below the rounding noise of its computation cannot move relative to S and
+  raises no event; a join whose pivot (refined once against the bordered matrix, no refactorisation) is
+  below :data:`PIVOT_FLOOR` is refused and the key stays on its bound while S is unchanged (exact tie
+  rule: the key is a (near-)duplicate of the margin set, so the solution does not need it). Exploding
+  ``max|R|`` and a periodic schedule refactor ``R``; the key that just left S may not re-enter on a
   near-zero step (anti-cycling). All of these are counted as guard events.
-- **Fallback**: if a walk exceeds its event budget or ends with a KKT residual above ``1e-7``, a
-  from-scratch solve (:mod:`.reference`) replaces it; the receipt says ``fallback=True`` and a
-  ``RuntimeWarning`` is issued. Never silent.
+- **Fallback**: if a walk exceeds its event budget or ends with a KKT residual above :data:`CERT_TOL`, a
+  from-scratch solve replaces it -- the slack-key walks on a fresh state, else the SMO reference -- and
+  is *verified* (box, sum, every KKT condition within :data:`CERT_TOL`) before it replaces the state;
+  the receipt says ``fallback=True`` and a ``RuntimeWarning`` is issued. A from-scratch solve that fails
+  verification, or a second failed walk in the same call, raises :class:`SolverError` with the solver
+  exactly as before the call (every public mutation is a transaction).
 - **Reserve eviction with re-check**: :meth:`IncrementalSVDD.evict_reserve` drops reserve keys from the
   active set but keeps their keys; after every later admission or deletion their ``g`` is re-checked and
   a key with ``g < 0`` is re-admitted (listed in the receipt's ``readmitted``), so the solution stays
-  optimal for the whole history.
+  optimal for the whole history. Kernels against evicted keys go through
+  :func:`~sv_attention.svdd.readapi.rbf_cross` (centred keys, entries at risk recomputed by
+  differences), so keys far from the origin certify correctly; a NaN anywhere makes a certificate fail.
 """
 
 from __future__ import annotations
@@ -45,11 +59,12 @@ from sv_attention.errors import (
     InvalidHyperparameterError,
     InvalidInputError,
     SolverError,
+    SVAttentionError,
     UnknownIdError,
     WarmupError,
 )
 from sv_attention.svdd.blas import one_blas_thread
-from sv_attention.svdd.readapi import ReadAPI, as_float64_matrix
+from sv_attention.svdd.readapi import ReadAPI, as_float64_matrix, as_id_array, rbf_cross
 from sv_attention.svdd.receipts import (
     ERROR,
     MARGIN,
@@ -72,15 +87,20 @@ from sv_attention.svdd.reference import (
 )
 from sv_attention.svdd.reference import refit as refit  # re-exported: the from-scratch reference
 
-SWEEP = 3  # status of the key whose coefficient is being swept
+SWEEP = 3    # status of the key whose coefficient is being swept
+PENDING = 4  # first feasible solve: a stored key not admitted yet (ignored by the walk)
 
 G_TOL = 1e-12          # admission: g_c >= -G_TOL -> reserve; evicted re-check threshold
-PIVOT_FLOOR = 1e-9     # |pivot| below this -> refactor, then refuse the join (near-duplicate key)
+PIVOT_FLOOR = 1e-9     # |pivot| (refined once) below this -> refuse the join (near-duplicate key)
 R_EXPLODE = 1e11       # max|R| above this -> refactor
 REFACTOR_EVERY = 200   # periodic refactor (R updates between full refactors)
 STEP_EPS = 1e-12       # near-zero step for anti-cycling
-FALLBACK_TOL = 1e-7    # KKT residual above this after a walk -> from-scratch solve (reported)
+GAMMA_NOISE = 8.0      # |gamma_i| below GAMMA_NOISE * eps * (|S| + 2) * (2 + |beta|_1): no event (frozen key)
 CERT_TOL = 1e-8        # certificate tolerance
+EPS = float(np.finfo(np.float64).eps)
+FALLBACK_TOL = CERT_TOL  # KKT residual above this after a walk -> verified from-scratch solve (reported)
+REPAIR_TOL = 1e-11     # a bound key violating its KKT sign by more than this after a walk is swept (repair)
+REPAIR_ROUNDS = 8      # repair sweeps per walk at most
 
 
 class _WalkFailed(Exception):
@@ -133,12 +153,15 @@ class IncrementalSVDD(ReadAPI):
         self._solved = False
         self._next_id = 0
         self._evicted: dict[int, np.ndarray] = {}
-        self._ev_stack: tuple[np.ndarray, np.ndarray] | None = None  # cached (keys [m, d], sq norms [m])
+        self._ev_stack: np.ndarray | None = None  # cached evicted keys, stacked [m, d]
         self._guards: Counter[str] = Counter()
         self._updates_since_refactor = 0
         self._fallbacks = 0
         self._events = 0
         self._last_kkt = KKTResiduals()
+        self._slack = -1                  # slot of the slack key during a first / from-scratch solve
+        self._undo: list[tuple[int, int, np.ndarray, np.ndarray]] | None = None  # dropped slots (transaction)
+        self._call_fallback = False       # a fallback already happened in the current public call
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -246,10 +269,11 @@ class IncrementalSVDD(ReadAPI):
     def alpha_of(self, ids: Any) -> np.ndarray:
         """Coefficients of the given ids: float64 ``[len(ids)]``; 0 for reserve and evicted ids.
 
-        Raises :class:`UnknownIdError` for an id that is neither active nor evicted.
+        Raises :class:`UnknownIdError` for an id that is neither active nor evicted, and
+        :class:`InvalidInputError` for ids that are not integers (``5.7`` is not read as 5) or not 1-D.
         """
         out = []
-        for i in np.atleast_1d(np.asarray(ids)).reshape(-1):
+        for i in as_id_array(ids):
             i = int(i)
             if i in self._id_to_slot:
                 out.append(self._alpha[self._id_to_slot[i]] if self._solved else 1.0 / self._n)
@@ -284,6 +308,10 @@ class IncrementalSVDD(ReadAPI):
         elif self.in_warmup:
             hist = self._n + len(self._evicted)
             ok, reason = False, f"warm-up: {hist} < ceil(1/C)+2 = {self.warmup_size} keys (active + evicted)"
+        elif not np.isfinite(kkt.max):
+            bad = [k for k, v in kkt.as_dict().items() if k != "max" and not np.isfinite(v)]
+            ok, reason = False, (f"non-finite KKT residual in {bad} (a NaN or an overflow in the solution or the "
+                                 "evicted-key re-check): not certified")
         elif kkt.max > CERT_TOL:
             ok, reason = False, f"KKT residual {kkt.max:.3e} above tolerance {CERT_TOL:g}"
         else:
@@ -324,23 +352,33 @@ class IncrementalSVDD(ReadAPI):
         Returns
         -------
         AdmissionReceipt with the new ``ids`` in order and the ``readmitted`` evicted ids.
+
+        Raises
+        ------
+        InvalidInputError, DuplicateIdError : malformed keys or ids (decided before any change)
+        SolverError : the walk and the verified from-scratch solve both failed; the solver is exactly as
+            before the call
         """
         t0 = time.perf_counter()
         X = as_float64_matrix(keys, "keys", d=self._d)
         m = X.shape[0]
         new_ids = self._check_new_ids(ids, m)
         guards0, events0 = Counter(self._guards), self._events
-        fallback = False
-        if self._d is None and m:
-            self._d = X.shape[1]
-        for k in range(m):
-            fallback |= self._admit(X[k], new_ids[k])
-        if new_ids:
-            self._next_id = max(self._next_id, max(new_ids) + 1)
-        readmitted, fb = self._recheck_evicted()
-        fallback |= fb
-        if self._solved and not self._S:
-            self._finalize()  # rho is not unique with an empty margin set: re-centre it on the new history
+
+        def body() -> tuple[bool, tuple[int, ...]]:
+            fallback = False
+            if self._d is None and m:
+                self._d = X.shape[1]
+            for k in range(m):
+                fallback |= self._admit(X[k], new_ids[k])
+            if new_ids:
+                self._next_id = max(self._next_id, max(new_ids) + 1)
+            readmitted, fb = self._recheck_evicted()
+            if self._solved and not self._S:
+                self._finalize()  # rho is not unique with an empty margin set: re-centre it on the new history
+            return fallback or fb, readmitted
+
+        fallback, readmitted = self._transaction(f"add({m} keys)", body)
         return self._receipt(AdmissionReceipt, tuple(new_ids), t0, guards0, events0, fallback,
                              readmitted=readmitted)
 
@@ -354,6 +392,8 @@ class IncrementalSVDD(ReadAPI):
         DuplicateIdError : an id is repeated
         InfeasibleBoxError : the deletion would leave fewer than ``1/C`` keys in the history (active +
             evicted), so ``n * C < 1`` and no feasible solution exists
+        SolverError : the walk and the verified from-scratch solve both failed; the solver is exactly as
+            before the call
 
         Notes
         -----
@@ -377,35 +417,40 @@ class IncrementalSVDD(ReadAPI):
                     f"least {need} keys are needed; remove fewer keys or add keys first")
             pre = need - n_after
         guards0, events0 = Counter(self._guards), self._events
-        fallback = False
-        pre_readmitted: list[int] = []
-        if pre > 0:  # let evicted keys take up the mass (they join as reserve keys first)
-            ev_ids = list(self._evicted)
-            ge = self._evicted_g()
-            removing = set(id_list)
-            for k in np.argsort(ge, kind="stable"):
-                if len(pre_readmitted) == pre:
-                    break
-                ident = ev_ids[int(k)]
-                if ident in removing:
-                    continue
-                x = self._evicted.pop(ident)
-                self._ev_stack = None
-                fallback |= self._admit(x, ident)
-                pre_readmitted.append(ident)
-        for i in id_list:
-            if i in self._evicted:
-                del self._evicted[i]
-                self._ev_stack = None
-            else:
-                fallback |= self._delete(self._id_to_slot[i])
-        if self._solved and not self._S:
-            self._finalize()  # rho is not unique with an empty margin set: re-centre it on the new history
-        readmitted: tuple[int, ...] = tuple(pre_readmitted)
-        if active and self._solved:
-            more, fb = self._recheck_evicted()
-            readmitted += more
-            fallback |= fb
+
+        def body() -> tuple[bool, tuple[int, ...]]:
+            fallback = False
+            pre_readmitted: list[int] = []
+            if pre > 0:  # let evicted keys take up the mass (they join as reserve keys first)
+                ev_ids = list(self._evicted)
+                ge = self._evicted_g()
+                removing = set(id_list)
+                for k in np.argsort(ge, kind="stable"):
+                    if len(pre_readmitted) == pre:
+                        break
+                    ident = ev_ids[int(k)]
+                    if ident in removing:
+                        continue
+                    x = self._evicted.pop(ident)
+                    self._ev_stack = None
+                    fallback |= self._admit(x, ident)
+                    pre_readmitted.append(ident)
+            for i in id_list:
+                if i in self._evicted:
+                    del self._evicted[i]
+                    self._ev_stack = None
+                else:
+                    fallback |= self._delete(self._id_to_slot[i])
+            if self._solved and not self._S:
+                self._finalize()  # rho is not unique with an empty margin set: re-centre it on the new history
+            readmitted: tuple[int, ...] = tuple(pre_readmitted)
+            if active and self._solved:
+                more, fb = self._recheck_evicted()
+                readmitted += more
+                fallback |= fb
+            return fallback, readmitted
+
+        fallback, readmitted = self._transaction(f"remove({len(id_list)} ids)", body)
         return self._receipt(DeletionReceipt, tuple(id_list), t0, guards0, events0, fallback,
                              readmitted=readmitted)
 
@@ -450,7 +495,7 @@ class IncrementalSVDD(ReadAPI):
     def _check_new_ids(self, ids: Any, m: int) -> list[int]:
         if ids is None:
             return list(range(self._next_id, self._next_id + m))
-        arr = _as_id_array(ids)
+        arr = as_id_array(ids)
         if arr.size != m:
             raise InvalidInputError(f"got {arr.size} ids for {m} keys; pass one id per key")
         lst = [int(i) for i in arr]
@@ -463,7 +508,7 @@ class IncrementalSVDD(ReadAPI):
         return lst
 
     def _check_existing_ids(self, ids: Any) -> list[int]:
-        arr = _as_id_array(ids)
+        arr = as_id_array(ids)
         lst = [int(i) for i in arr]
         if len(set(lst)) != len(lst):
             dup = sorted({i for i in lst if lst.count(i) > 1})
@@ -515,8 +560,12 @@ class IncrementalSVDD(ReadAPI):
         return slot
 
     def _drop_slot(self, slot: int) -> None:
-        """Remove a slot (alpha must be 0 and it must not be in S) by moving the last slot into it."""
+        """Remove a slot (alpha must be 0 and it must not be in S) by moving the last slot into it.
+
+        Inside a transaction the slot's key and Gram row are logged first (:meth:`_undo_drop`)."""
         last = self._n - 1
+        if self._undo is not None:
+            self._undo.append((slot, last, self._X[slot].copy(), self._K[slot, : last + 1].copy()))
         ident = int(self._slot_id[slot])
         del self._id_to_slot[ident]
         if slot in self._S:  # only on a fallback path; S and R are rebuilt right after
@@ -534,6 +583,70 @@ class IncrementalSVDD(ReadAPI):
             if self._status[slot] == MARGIN:
                 self._S[self._S.index(last)] = slot
         self._n -= 1
+
+    def _undo_drop(self, entry: tuple[int, int, np.ndarray, np.ndarray]) -> None:
+        """Reverse one logged :meth:`_drop_slot` on the key / Gram storage (bookkeeping is restored by
+        :meth:`_restore`): the moved last slot goes back to ``last``, the dropped one to ``slot``."""
+        slot, last, x, row = entry
+        X, K = self._X, self._K
+        if slot != last:
+            X[last] = X[slot]
+            K[last, :last] = K[slot, :last]
+            K[:last, last] = K[:last, slot]
+            K[last, last] = 1.0
+        X[slot] = x
+        K[slot, : last + 1] = row
+        K[: last + 1, slot] = row
+
+    # ------------------------------------------------------------------ transactions
+    def _snapshot(self) -> dict[str, Any]:
+        """The solution and bookkeeping a public mutation changes (O(n + |S|^2); keys and Gram rows are
+        restored from the drop log instead of being copied)."""
+        n = self._n
+        return {"n": n, "d": self._d, "alpha": self._alpha[:n].copy(), "g": self._g[:n].copy(),
+                "status": self._status[:n].copy(), "slot_id": self._slot_id[:n].copy(), "S": list(self._S),
+                "R": None if self._R is None else self._R.copy(), "rho": self._rho, "solved": self._solved,
+                "next_id": self._next_id, "evicted": dict(self._evicted), "guards": Counter(self._guards),
+                "updates": self._updates_since_refactor, "fallbacks": self._fallbacks, "events": self._events,
+                "last_kkt": self._last_kkt}
+
+    def _restore(self, snap: dict[str, Any]) -> None:
+        """Return to ``snap`` (taken by :meth:`_snapshot` when the drop log was started)."""
+        for entry in reversed(self._undo or []):
+            self._undo_drop(entry)
+        if self._undo is not None:
+            self._undo.clear()
+        n = snap["n"]
+        self._n, self._d = n, snap["d"]
+        for name in ("alpha", "g", "status", "slot_id"):
+            getattr(self, "_" + name)[:n] = snap[name]
+        self._id_to_slot = {int(i): k for k, i in enumerate(self._slot_id[:n])}
+        self._S, self._R = list(snap["S"]), None if snap["R"] is None else snap["R"].copy()
+        self._rho, self._solved, self._next_id = snap["rho"], snap["solved"], snap["next_id"]
+        self._evicted = dict(snap["evicted"])
+        self._ev_stack = None
+        self._guards = Counter(snap["guards"])
+        self._updates_since_refactor, self._fallbacks = snap["updates"], snap["fallbacks"]
+        self._events, self._last_kkt, self._slack = snap["events"], snap["last_kkt"], -1
+        if self._d is None:  # nothing was ever stored: start the storage afresh (the next keys fix d)
+            self._cap, self._X, self._K = 0, np.zeros((0, 0)), np.zeros((0, 0))
+
+    def _transaction(self, what: str, body: Any) -> Any:
+        """Run ``body()``; on any exception put the solver back exactly as it was and raise.
+
+        Typed errors pass through (after the restore); anything else becomes a :class:`SolverError`."""
+        snap = self._snapshot()
+        self._undo, self._call_fallback = [], False
+        try:
+            return body()
+        except BaseException as exc:
+            self._restore(snap)
+            if isinstance(exc, SVAttentionError) or not isinstance(exc, Exception):
+                raise
+            raise SolverError(f"IncrementalSVDD.{what} failed ({type(exc).__name__}: {exc}); the solver was "
+                              "restored to its state before the call") from exc
+        finally:
+            self._undo, self._call_fallback = None, False
 
     # ------------------------------------------------------------------ bordered inverse
     def _build_M(self, S: list[int]) -> np.ndarray:
@@ -570,15 +683,12 @@ class IncrementalSVDD(ReadAPI):
         elif self._R is not None and np.abs(self._R).max() > R_EXPLODE:
             self._refactor("refactor_explode")
 
-    def _expand(self, k: int) -> bool:
-        """Add slot k to S (rank-one expansion of R). False (and S unchanged) if the pivot is degenerate."""
-        if not self._S:
-            a = 2.0 * self._K[k, k]
-            self._S = [k]
-            self._R = np.array([[-a, 1.0], [1.0, 0.0]])
-            self._status[k] = MARGIN
-            self._after_update()
-            return True
+    def _join_direction(self, k: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """For a key k outside a non-empty S: ``(s, beta, pivot)`` with ``beta = -R [1; 2 K_Sk]`` (the move of
+        ``[rho; alpha_S]`` per unit of ``alpha_k`` that keeps the sum and ``g_S``) and the pivot
+        ``2 K_kk + b^T beta`` (Schur complement of k). A pivot below :data:`PIVOT_FLOOR` is recomputed after
+        one refinement step against the bordered matrix itself (drift in R can fake a tiny pivot);
+        O(|S|^2), no refactorisation."""
         s = np.array(self._S, dtype=np.int64)
         b = np.empty(s.size + 1)
         b[0] = 1.0
@@ -588,15 +698,28 @@ class IncrementalSVDD(ReadAPI):
         beta = -R @ b
         piv = 2.0 * self._K[k, k] + b @ beta
         if abs(piv) < PIVOT_FLOOR:
-            # recompute the pivot from a fresh inverse before deciding (drift can fake a tiny pivot)
-            if self._refactor("refactor_tiny_pivot") and self._R is not None:
-                R = self._R
-                beta = -R @ b
-                piv = 2.0 * self._K[k, k] + b @ beta
-            if abs(piv) < PIVOT_FLOOR:
-                # k is a (near-)duplicate of the margin set: the bordered matrix would be singular
-                self._guards["refused_degenerate_join"] += 1
-                return False
+            r = np.empty_like(b)
+            r[0] = beta[1:].sum()
+            r[1:] = beta[0] + 2.0 * (self._K[np.ix_(s, s)] @ beta[1:])
+            beta -= R @ (r + b)
+            piv = 2.0 * self._K[k, k] + b @ beta
+        return s, beta, float(piv)
+
+    def _expand(self, k: int) -> bool:
+        """Add slot k to S (rank-one expansion of R). False (and S unchanged) if the pivot is degenerate."""
+        if not self._S:
+            a = 2.0 * self._K[k, k]
+            self._S = [k]
+            self._R = np.array([[-a, 1.0], [1.0, 0.0]])
+            self._status[k] = MARGIN
+            self._after_update()
+            return True
+        s, beta, piv = self._join_direction(k)
+        if abs(piv) < PIVOT_FLOOR:
+            # k is a (near-)duplicate of the margin set: the bordered matrix would be singular
+            self._guards["refused_degenerate_join"] += 1
+            return False
+        R = self._R
         m = s.size + 1
         Rn = np.empty((m + 1, m + 1))
         Rn[:m, :m] = R + np.outer(beta, beta) / piv
@@ -608,6 +731,57 @@ class IncrementalSVDD(ReadAPI):
         self._status[k] = MARGIN
         self._after_update()
         return True
+
+    def _swap_in(self, k: int) -> int | None:
+        """Degenerate join (pivoted rank-one update): k, on a bound with ``g_k = 0``, is (nearly) in the span
+        of S, so moving ``alpha_k`` into the box together with ``alpha_S += beta * dalpha_k`` keeps the sum
+        and every ``g_S`` and moves the centre only by O(sqrt(pivot)). Move along that direction until the
+        first margin key j reaches a bound; j leaves S and k joins in its place (its pivot against
+        ``S \\ {j}`` is ``pivot + beta_j^2 / R_jj``, checked first). When k would cross its whole box first it
+        moves to its other bound instead. Returns the key that left S (k itself when it only changed bound),
+        or None when neither is possible (nothing moved; the caller keeps k on its bound).
+        """
+        if not self._S:
+            return None
+        n, C = self._n, self.C
+        alpha, g, st = self._alpha, self._g, self._status
+        s, beta, piv = self._join_direction(k)
+        up = 1.0 if alpha[k] <= 0.5 * C else -1.0
+        db = beta[1:] * up
+        room = C - alpha[s]
+        if self._slack >= 0:
+            room[s == self._slack] = np.inf
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tS = np.maximum(np.where(db > 0, room / db, np.where(db < 0, -alpha[s] / db, np.inf)), 0.0)
+        i = int(np.argmin(tS))
+        t = float(tS[i])
+        box_k = np.inf if k == self._slack else C
+        crosses = box_k <= t
+        if not crosses:
+            R = self._R
+            assert R is not None
+            if abs(piv + beta[i + 1] ** 2 / R[i + 1, i + 1]) < PIVOT_FLOOR:
+                return None
+        else:
+            t = C
+        gam = 2.0 * self._K[k, :n] + beta[0] + 2.0 * (beta[1:] @ self._K[s, :n])
+        dt = t * up
+        alpha[k] += dt
+        alpha[s] += beta[1:] * dt
+        self._rho += beta[0] * dt
+        g[:n] += gam * dt
+        g[k] = 0.0
+        self._guards["degenerate_swap"] += 1
+        if crosses:
+            alpha[k], st[k] = (C, ERROR) if up > 0 else (0.0, RESERVE)
+            return k
+        j = int(s[i])
+        self._contract(j)
+        alpha[j], st[j] = (C, ERROR) if db[i] > 0 else (0.0, RESERVE)
+        g[j] = 0.0
+        if not self._expand(k):  # cannot happen after the pivot check above, short of rounding
+            raise _WalkFailed("degenerate join: the swapped key could not join the margin set")
+        return j
 
     def _contract(self, k: int) -> None:
         """Remove slot k from S (Schur contraction of R). The caller sets its new status."""
@@ -633,8 +807,12 @@ class IncrementalSVDD(ReadAPI):
         self._after_update()
 
     # ------------------------------------------------------------------ the walk
-    def _sweep(self, c: int, direction: int) -> None:
-        """Sweep alpha_c up (direction=+1, admission) or down to 0 (direction=-1, deletion)."""
+    def _sweep(self, c: int, direction: int, join: bool | None = None) -> None:
+        """Sweep alpha_c up (direction=+1, admission) or down (direction=-1, deletion: to 0).
+
+        The swept key joins S when its ``g`` reaches 0 if ``join`` (default: when admitting); a repair sweep
+        (:meth:`_repair`) of an error key with ``g > 0`` sweeps down with ``join=True``."""
+        join = direction > 0 if join is None else join
         n = self._n
         K, alpha, g, st = self._K, self._alpha, self._g, self._status
         C = self.C
@@ -657,16 +835,22 @@ class IncrementalSVDD(ReadAPI):
             beta = -R @ b
             gamma = 2.0 * K[c, :n] + beta[0] + 2.0 * (beta[1:] @ K[s, :n])  # K is symmetric
             gamma[s] = 0.0
+            # rounding noise of gamma: a key below it cannot move relative to S (an exact duplicate of a
+            # margin key has gamma = 0 in exact arithmetic) and raises no event
+            noise = GAMMA_NOISE * EPS * (s.size + 2) * (2.0 + np.abs(beta).sum())
             db = beta[1:] * direction
             dg = gamma * direction
             stn = st[:n]
             an = alpha[:n]
             gn = g[:n]
+            room = C - an[s]
+            if self._slack >= 0:
+                room[s == self._slack] = np.inf  # the slack key has no upper bound
             with np.errstate(divide="ignore", invalid="ignore"):
                 # margin keys hitting a bound
-                tS = np.where(db > 0, (C - an[s]) / db, np.where(db < 0, -an[s] / db, np.inf))
+                tS = np.where(db > 0, room / db, np.where(db < 0, -an[s] / db, np.inf))
                 # error keys rising to g = 0 (dg > 0), reserve keys falling to g = 0 (dg < 0): step -g/dg
-                moving = ((stn == ERROR) & (dg > 0)) | ((stn == RESERVE) & (dg < 0))
+                moving = ((stn == ERROR) & (dg > noise)) | ((stn == RESERVE) & (dg < -noise))
                 tB = np.where(moving, np.maximum(-gn / dg, 0.0), np.inf)
             for j in tabu:
                 tB[j] = np.inf
@@ -676,13 +860,11 @@ class IncrementalSVDD(ReadAPI):
                     self._guards["anti_cycling_skip"] += 1
             tS = np.maximum(tS, 0.0)
             # the swept key itself
-            if direction > 0:
-                t_end = C - alpha[c]
-                t_join = -g[c] / gamma[c] if gamma[c] > PIVOT_FLOOR else np.inf
-                t_join = max(t_join, 0.0)
-            else:
-                t_end = alpha[c]
-                t_join = np.inf
+            t_end = C - alpha[c] if direction > 0 else alpha[c]
+            # g_c moves with slope gamma_c * direction (gamma_c is c's pivot: it joins only when that is safe)
+            t_join = -g[c] * direction / gamma[c] if join and gamma[c] > PIVOT_FLOOR else np.inf
+            if t_join < 0.0:  # g_c is moving away from 0 (only a rounding-level g_c may join at once)
+                t_join = 0.0 if abs(g[c]) <= G_TOL else np.inf
             iS = int(np.argmin(tS)) if tS.size else -1
             iB = int(np.argmin(tB))
             cands = (t_end, t_join, tS[iS] if iS >= 0 else np.inf, tB[iB])
@@ -731,7 +913,14 @@ class IncrementalSVDD(ReadAPI):
             k = iB
             g[k] = 0.0
             if not self._expand(k):
-                tabu.add(k)
+                left = self._swap_in(k)
+                if left is None or left == k:
+                    tabu.add(k)
+                else:
+                    last_left = left
+                    if t <= STEP_EPS:
+                        left_at_zero.add(left)
+                    tabu.clear()
         raise _WalkFailed(f"event budget {budget} exhausted")
 
     def _rho_sweep(self, c: int, direction: int, tabu: set[int]) -> bool:
@@ -825,8 +1014,23 @@ class IncrementalSVDD(ReadAPI):
             if R is None:
                 break
             dx = R @ r
-            self._rho -= dx[0]
-            alpha[s] -= dx[1:]
+            # On an ill-conditioned margin block a residual at rounding level can ask for a large move of
+            # alpha_S; never leave the box for it: take the largest fraction of the step that stays inside
+            # (the residual shrinks by that fraction) and stop refining.
+            a_s, da = alpha[s], dx[1:]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lim = np.where(da > 0, a_s / da, np.where(da < 0, (a_s - self.C) / da, np.inf))
+            frac = min(1.0, float(lim.min())) if lim.size else 1.0
+            if frac < 1.0:
+                self._guards["refine_damped"] += 1
+                frac = max(frac, 0.0)
+            self._rho -= frac * dx[0]
+            alpha[s] -= frac * da
+            if frac < 1.0:
+                alpha[s] = np.clip(alpha[s], 0.0, self.C)
+                h = 2.0 * (alpha[: n] @ K[:n, :n]) - 1.0
+                self._g[:n] = self._rho + h
+                break
         return self._residuals(with_evicted=False)
 
     def _canonical_rho(self, alpha: np.ndarray, h: np.ndarray) -> float:
@@ -848,42 +1052,114 @@ class IncrementalSVDD(ReadAPI):
         return kkt_residuals(self._alpha[:n], self._g[:n], self._status[:n], self.C, ge)
 
     def _evicted_g(self, rho: float | None = None) -> np.ndarray:
-        """KKT gradients ``g`` of the evicted keys under the current solution (``rho`` overrides)."""
+        """KKT gradients ``g`` of the evicted keys under the current solution (``rho`` overrides).
+
+        Kernels by :func:`rbf_cross` (centred keys, entries at risk of cancellation recomputed by
+        differences), so keys far from the origin are re-checked as accurately as the active ones."""
         if not self._evicted or not self._solved:
             return np.zeros(0)
         if self._ev_stack is None:
-            E = np.stack(list(self._evicted.values()))
-            self._ev_stack = (E, np.einsum("md,md->m", E, E))
-        E, e2 = self._ev_stack
+            self._ev_stack = np.stack(list(self._evicted.values()))
+        E = self._ev_stack
         n = self._n
         sv = np.flatnonzero(self._alpha[:n] != 0.0)
-        Xs = self._X[sv]
-        # expanded distances (one matmul): accurate to ~1e-15 * ||x||^2, far below the re-check tolerance
-        d2 = np.maximum(e2[:, None] + np.einsum("nd,nd->n", Xs, Xs)[None, :] - 2.0 * (E @ Xs.T), 0.0)
-        kx = np.exp(-d2 * self._inv_s2)
+        kx = rbf_cross(E, self._X[sv], self._inv_s2)
         return (self._rho if rho is None else rho) - 1.0 + 2.0 * kx @ self._alpha[sv]
 
-    def _from_scratch(self) -> None:
-        """Replace the maintained solution by a from-scratch solve of the active keys (first feasible
-        admission, or a reported fallback)."""
+    # ------------------------------------------------------------------ from-scratch solves
+    def _from_scratch(self, first: bool = False) -> str:
+        """Replace the solution by a verified from-scratch solve of the active keys; returns the method.
+
+        Candidates, in order: ``"walks"`` (:meth:`_solve_by_walks`, the solver's own walk from a slack-key
+        start on a fresh state; independent of the reference) and ``"smo"`` (the SMO reference of
+        :mod:`.reference`, its margin set factored afresh). A candidate replaces the state only when the box,
+        the sum and every KKT condition hold within :data:`CERT_TOL`; the first feasible solve
+        (``first=True``) counts a guard event only when it needed the SMO candidate.
+
+        Raises
+        ------
+        SolverError
+            Neither candidate verified; the solution is restored to what it was before the call.
+        """
         n = self._n
-        K = self._K[:n, :n]
-        alpha, rho, status, _ = solve_dual(K, self.C)
+        snap = self._snapshot()
+        why = []
+        for name, method in (("walks", self._solve_by_walks), ("smo", self._solve_by_smo)):
+            try:
+                method()
+                self._solved = True
+                res = self._repair(self._finalize())
+                if np.isfinite(res.max) and res.max <= CERT_TOL:
+                    if not (first and name == "walks"):
+                        self._guards[f"scratch_{name}"] += 1
+                    return name
+                why.append(f"{name}: KKT residual {res.max:.3e}")
+            except (_WalkFailed, np.linalg.LinAlgError) as exc:
+                why.append(f"{name}: {exc}")
+            self._restore_solution(snap)
+        raise SolverError(f"IncrementalSVDD: no from-scratch solve of the {n} active keys passed verification "
+                          f"({'; '.join(why)}; tolerance {CERT_TOL:g}); the keys are degenerate beyond what the "
+                          "exact solver handles (merge duplicate keys, or use a smaller bandwidth)")
+
+    def _restore_solution(self, snap: dict[str, Any]) -> None:
+        """Restore the solution part of ``snap`` (slots unchanged: a from-scratch candidate failed)."""
+        n = self._n
+        self._alpha[:n], self._g[:n], self._status[:n] = snap["alpha"], snap["g"], snap["status"]
+        self._S, self._R = list(snap["S"]), None if snap["R"] is None else snap["R"].copy()
+        self._rho, self._solved, self._updates_since_refactor = snap["rho"], snap["solved"], snap["updates"]
+        self._slack = -1
+
+    def _solve_by_walks(self) -> None:
+        """Solve the active keys by walks: a slack key (zero kernel row, ``K_zz = 1``, no upper bound) holds
+        all the mass -- the only feasible, hence optimal, point -- then each stored key is admitted by the
+        admission walk, and the slack key is removed by the deletion walk (``n * C >= 1`` lets the real keys
+        take all the mass). Exact, and independent of the SMO reference."""
+        n = self._n
+        self._grow(n + 1)
+        z = n
+        K, alpha, g, st = self._K, self._alpha, self._g, self._status
+        self._X[z] = 0.0
+        K[z, :n] = 0.0
+        K[:n, z] = 0.0
+        K[z, z] = 1.0
+        alpha[:n] = 0.0
+        g[: n + 1] = 0.0
+        st[:n] = PENDING
+        alpha[z], st[z], self._slot_id[z] = 1.0, MARGIN, -1
+        self._n, self._slack = n + 1, z
+        self._S, self._R, self._rho = [z], np.array([[-2.0, 1.0], [1.0, 0.0]]), -1.0  # g_z = rho + 1 = 0
+        self._updates_since_refactor = 0
+        try:
+            for c in range(n):
+                sv = np.flatnonzero(alpha[: n + 1] != 0.0)
+                g[c] = self._rho - 1.0 + 2.0 * (K[c, sv] @ alpha[sv])
+                if g[c] >= -G_TOL:
+                    st[c] = RESERVE
+                    continue
+                st[c] = SWEEP
+                self._sweep(c, +1)
+            if st[z] == MARGIN:
+                self._contract(z)
+            if alpha[z] > 0.0:
+                st[z] = SWEEP
+                self._sweep(z, -1)
+            alpha[z], st[z] = 0.0, RESERVE
+        finally:
+            if z in self._S:  # only when the walk failed part-way
+                self._S.remove(z)
+                self._R = None
+            self._n, self._slack = n, -1
+
+    def _solve_by_smo(self) -> None:
+        """Solve the active keys with the SMO reference and factor its margin set afresh."""
+        n = self._n
+        alpha, rho, status, _ = solve_dual(self._K[:n, :n], self.C)
         self._alpha[:n] = alpha
         self._status[:n] = status
         self._rho = rho
         self._S = [int(i) for i in np.flatnonzero(status == MARGIN)]
         if not self._refactor(None):
-            try:
-                self._rebuild_margin_greedy()
-            except _WalkFailed as exc:
-                raise SolverError(f"from-scratch solve: {exc}; the keys are degenerate beyond what the exact "
-                                  "solver handles (merge duplicate keys before admitting them)") from exc
-        self._solved = True
-        res = self._finalize()
-        if res.max > FALLBACK_TOL:
-            warnings.warn(f"IncrementalSVDD: the from-scratch solve ended with KKT residual {res.max:.3e} "
-                          "(degenerate keys); see certificate()", RuntimeWarning, stacklevel=4)
+            self._rebuild_margin_greedy()
 
     def _rebuild_margin_greedy(self) -> None:
         """Build S key by key when the from-scratch margin block is singular (duplicate keys).
@@ -913,21 +1189,52 @@ class IncrementalSVDD(ReadAPI):
                 raise _WalkFailed("degenerate margin set could not be rebuilt")
         self._refactor("refactor_rebuild")
 
+    def _repair(self, res: KKTResiduals) -> KKTResiduals:
+        """Continue the walk from a finished state whose bound keys violate their KKT sign by more than
+        :data:`REPAIR_TOL` (a degenerate join that could be neither taken nor swapped, a key frozen below the
+        rounding noise): the worst one is swept like an admission (reserve key, ``g < 0``: up) or a
+        decrement that may join S (error key, ``g > 0``: down), then the state is finalized again; at most
+        :data:`REPAIR_ROUNDS` rounds. Exact: these are the walk's own steps. Returns the final residuals."""
+        n = self._n
+        for _ in range(REPAIR_ROUNDS):
+            if not (res.reserve > REPAIR_TOL or res.error > REPAIR_TOL) or not np.isfinite(res.max):
+                break
+            g, st = self._g[:n], self._status[:n]
+            viol = np.where(st == RESERVE, -g, np.where(st == ERROR, g, -np.inf))
+            k = int(np.argmax(viol))
+            if viol[k] <= REPAIR_TOL:
+                break
+            self._guards["repair_sweep"] += 1
+            direction = 1 if st[k] == RESERVE else -1
+            st[k] = SWEEP
+            self._sweep(k, direction, join=True)
+            if st[k] == SWEEP:  # ended on its bound without joining (direction -1 reaches 0)
+                self._alpha[k], st[k] = 0.0, RESERVE
+            res = self._finalize()
+        return res
+
     def _walk_guarded(self, action: Any, on_fail: Any) -> bool:
-        """Run a walk and finalize; on failure or a large residual, ``on_fail()`` then a from-scratch solve
-        (warned and reported). True on fallback."""
+        """Run a walk and finalize; on failure or a residual above :data:`FALLBACK_TOL`, ``on_fail()`` then
+        a verified from-scratch solve (warned and reported). True on fallback.
+
+        At most one fallback per public call: a second failed walk raises :class:`SolverError` (the public
+        call's transaction restores the state)."""
         try:
             action()
-            res = self._finalize()
+            res = self._repair(self._finalize())
             if res.max <= FALLBACK_TOL:
                 return False
             why = f"KKT residual {res.max:.3e} after the active-set walk"
         except (_WalkFailed, np.linalg.LinAlgError) as exc:
             why = f"active-set walk failed ({exc})"
+        if self._call_fallback:
+            raise SolverError(f"IncrementalSVDD: {why}, after a from-scratch solve earlier in the same call; "
+                              "no chain of fallbacks: the solver was restored to its state before the call")
+        self._call_fallback = True
         self._fallbacks += 1
         self._guards["fallback_from_scratch"] += 1
-        warnings.warn(f"IncrementalSVDD: {why}; replaced by a from-scratch solve (reported in the receipt)",
-                      RuntimeWarning, stacklevel=4)
+        warnings.warn(f"IncrementalSVDD: {why}; replaced by a verified from-scratch solve (reported in the "
+                      "receipt)", RuntimeWarning, stacklevel=5)
         on_fail()
         self._from_scratch()
         return True
@@ -937,7 +1244,7 @@ class IncrementalSVDD(ReadAPI):
         slot = self._append_slot(x, ident)
         if not self._solved:
             if feasible(self._n, self.C):
-                self._from_scratch()
+                return self._from_scratch(first=True) != "walks"
             return False
         n = self._n
         sv = np.flatnonzero(self._alpha[: n - 1] != 0.0)
@@ -950,6 +1257,8 @@ class IncrementalSVDD(ReadAPI):
 
     def _delete(self, slot: int) -> bool:
         ident = int(self._slot_id[slot])
+        if self._solved and self._alpha[slot] > 0.0:
+            self._absorb_into_twins(slot)
         if not self._solved or (self._alpha[slot] == 0.0 and self._status[slot] == RESERVE):
             self._drop_slot(slot)  # alpha = 0: nothing else moves
             return False
@@ -972,12 +1281,55 @@ class IncrementalSVDD(ReadAPI):
 
         return self._walk_guarded(walk, on_fail)
 
+    def _absorb_into_twins(self, c: int) -> None:
+        """Exact tie rule for deletion: bitwise-equal keys of c (identical Gram rows, one feature-space
+        point) take over ``alpha_c`` where their box allows, with no walk and no change of the solution.
+
+        - c in E with a reserve twin r: r goes to E (``alpha_r = C``), c to R (``g = 0`` for both at an
+          optimum, so both bounds are KKT points).
+        - c in E with a margin twin m (no reserve twin): m goes to E, c takes m's mass and m's place in S.
+        - c in S with a reserve twin r: r takes c's mass and c's place in S (the rows of R are unchanged).
+        Whatever c still holds afterwards is removed by the deletion walk.
+        """
+        n = self._n
+        eq = np.flatnonzero((self._X[:n] == self._X[c]).all(axis=1))
+        twins = eq[eq != c]
+        if twins.size == 0:
+            return
+        st, alpha, g, C = self._status, self._alpha, self._g, self.C
+        reserve = [int(k) for k in twins if st[k] == RESERVE and alpha[k] == 0.0]
+        margin = [int(k) for k in twins if st[k] == MARGIN]
+        if st[c] == ERROR:
+            if reserve:
+                r = reserve.pop()
+                alpha[r], st[r], g[r] = C, ERROR, g[c]
+                alpha[c], st[c] = 0.0, RESERVE
+                self._guards["twin_absorbed"] += 1
+                return
+            if not margin:
+                return
+            m = margin[0]
+            self._S[self._S.index(m)] = c
+            alpha[c], st[c], g[c] = alpha[m], MARGIN, 0.0
+            alpha[m], st[m] = C, ERROR
+            self._guards["twin_swap"] += 1
+        if st[c] == MARGIN and reserve:
+            r = reserve.pop()
+            self._S[self._S.index(c)] = r
+            alpha[r], st[r], g[r] = alpha[c], MARGIN, 0.0
+            alpha[c], st[c] = 0.0, RESERVE
+            self._guards["twin_absorbed"] += 1
+
     def _recheck_evicted(self) -> tuple[tuple[int, ...], bool]:
-        """Re-admit evicted keys whose g < 0 under the current solution. Returns (ids, fallback)."""
+        """Re-admit evicted keys whose g < 0 under the current solution. Returns (ids, fallback).
+
+        A NaN gradient is never read as a violation to fix (re-admitting would not cure it); the
+        certificate reports it (a NaN residual is never certified)."""
         readmitted: list[int] = []
         fallback = False
         while self._evicted and self._solved:
             ge = self._evicted_g()
+            ge = np.where(np.isnan(ge), np.inf, ge)
             k = int(np.argmin(ge))
             if ge[k] >= -G_TOL:
                 break
@@ -1002,15 +1354,3 @@ class IncrementalSVDD(ReadAPI):
                    elapsed_s=time.perf_counter() - t0, in_warmup=self.in_warmup, fallback=fallback,
                    events=self._events - events0, **extra)
 
-
-def _as_id_array(ids: Any) -> np.ndarray:
-    if type(ids).__module__.startswith("torch"):
-        ids = ids.detach().cpu().numpy()
-    if isinstance(ids, (int, np.integer)) and not isinstance(ids, bool):
-        ids = [ids]
-    arr = np.asarray(ids)
-    if arr.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if arr.ndim > 1 or not np.issubdtype(arr.dtype, np.integer):
-        raise InvalidInputError(f"ids must be a 1-D sequence of integers, got dtype {arr.dtype} shape {arr.shape}")
-    return arr.astype(np.int64).reshape(-1)

@@ -44,10 +44,64 @@ def as_float64_matrix(x: Any, name: str, d: int | None = None) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float64).copy()
 
 
+def as_id_array(ids: Any, name: str = "ids") -> np.ndarray:
+    """Validate ids (an int, or a 1-D sequence / array / tensor of integers) as int64 ``[m]``.
+
+    Raises :class:`InvalidInputError` for bools, non-integer values (``5.7`` is not truncated to 5) and
+    arrays of more than one dimension (not flattened).
+    """
+    if type(ids).__module__.startswith("torch"):
+        ids = ids.detach().cpu().numpy()
+    if isinstance(ids, (int, np.integer)) and not isinstance(ids, (bool, np.bool_)):
+        ids = [ids]
+    arr = np.asarray(ids)
+    if arr.size == 0 and arr.ndim <= 1:
+        return np.zeros(0, dtype=np.int64)
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool:
+        raise InvalidInputError(f"{name} must be an int or a 1-D sequence of integers, got dtype {arr.dtype} "
+                                f"shape {arr.shape}")
+    return arr.astype(np.int64)
+
+
 def sq_dists(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Exact squared distances ``[q, n]`` by differences (no cancellation for near-duplicates)."""
     diff = a[:, None, :] - b[None, :, :]
     return np.einsum("qnd,qnd->qn", diff, diff)
+
+
+KERNEL_ABS_TOL = 1e-15
+"""Largest rounding error :func:`rbf_cross` tolerates in a kernel value before recomputing it by differences."""
+
+
+def rbf_cross(a: np.ndarray, b: np.ndarray, inv_s2: float) -> np.ndarray:
+    """RBF kernel ``exp(-||a_i - b_j||^2 * inv_s2)``, ``[m, p]``, accurate for keys far from the origin.
+
+    One matrix product on keys centred on the mean of ``b`` (so an offset shared by the keys cancels
+    before any product is formed); every entry whose rounding bound could still move the kernel value by
+    more than :data:`KERNEL_ABS_TOL` -- keys far from that centre but close to each other, or non-finite
+    intermediate values from huge keys -- is recomputed by differences. Never NaN for finite input.
+    """
+    m, p = a.shape[0], b.shape[0]
+    if m == 0 or p == 0:
+        return np.zeros((m, p))
+    d = a.shape[1]
+    with np.errstate(over="ignore", invalid="ignore"):
+        c = b.mean(axis=0)
+        if not np.isfinite(c).all():
+            c = b[0]
+        ac, bc = a - c, b - c
+        a2 = np.einsum("md,md->m", ac, ac)
+        b2 = np.einsum("pd,pd->p", bc, bc)
+        norms = a2[:, None] + b2[None, :]
+        d2 = norms - 2.0 * (ac @ bc.T)
+        err = (d + 8) * np.finfo(np.float64).eps * norms
+        risky = ~np.isfinite(d2) | (err * inv_s2 * np.exp(-np.maximum(d2 - err, 0.0) * inv_s2) > KERNEL_ABS_TOL)
+    if risky.any():
+        ii, jj = np.nonzero(risky)
+        with np.errstate(over="ignore"):
+            diff = a[ii] - b[jj]
+            d2[ii, jj] = np.einsum("kd,kd->k", diff, diff)
+    return np.exp(-np.maximum(d2, 0.0) * inv_s2)
 
 
 class ReadAPI:

@@ -81,25 +81,30 @@ def kkt_residuals(alpha: np.ndarray, g: np.ndarray, status: np.ndarray, C: float
 
     Returns
     -------
-    KKTResiduals
+    KKTResiduals (a residual touched by a NaN is ``inf``, so a NaN can never pass as a KKT point)
     """
     if alpha.size == 0:
         return KKTResiduals()
     s, e, r = status == MARGIN, status == ERROR, status == RESERVE
-    margin = float(np.abs(g[s]).max()) if s.any() else 0.0
-    error = float(max(0.0, g[e].max())) if e.any() else 0.0
-    reserve = float(max(0.0, -g[r].min())) if r.any() else 0.0
-    box = float(max(0.0, -alpha.min(), (alpha - C).max()))
+    margin = _worst(np.abs(g[s]))
+    error = _worst(g[e])
+    reserve = _worst(-g[r])
+    box = max(_worst(-alpha), _worst(alpha - C))
     # alpha must also sit exactly on its bound for E / R
-    if e.any():
-        box = max(box, float(np.abs(alpha[e] - C).max()))
-    if r.any():
-        box = max(box, float(np.abs(alpha[r]).max()))
-    ev = 0.0
-    if g_evicted is not None and g_evicted.size:
-        ev = float(max(0.0, -g_evicted.min()))
-    return KKTResiduals(sum=float(abs(alpha.sum() - 1.0)), margin=margin, error=error, reserve=reserve,
-                        box=box, evicted=ev)
+    box = max(box, _worst(np.abs(alpha[e] - C)), _worst(np.abs(alpha[r])))
+    ev = _worst(-g_evicted) if g_evicted is not None else 0.0
+    return KKTResiduals(sum=_worst(np.abs(np.atleast_1d(alpha.sum() - 1.0))), margin=margin, error=error,
+                        reserve=reserve, box=box, evicted=ev)
+
+
+def _worst(v: np.ndarray) -> float:
+    """``max(0, max(v))``, with ``inf`` when ``v`` holds a NaN (never read as 0: ``max(0, nan)`` is 0)."""
+    if v.size == 0:
+        return 0.0
+    m = float(np.max(v))
+    if np.isnan(m):
+        return float("inf")
+    return max(0.0, m)
 
 
 @dataclass(frozen=True)

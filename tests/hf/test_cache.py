@@ -638,6 +638,78 @@ def test_a_failed_admission_undoes_the_step_in_every_layer(model: LlamaForCausal
     assert float((_step(model, cache, tok) - _step(model, twin, tok)).abs().max()) <= 1e-6
 
 
+def test_a_failed_step_after_eviction_restores_every_layer_bit_identically(model: LlamaForCausalLM,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """errors.py promises "exactly as it was": after evict(), a step whose admission fails in layer 1 leaves
+    layer 0 (which already admitted the chunk) with the very solvers, slots, offload tier and restore events
+    it had -- not a rebuild (which would hold every reserve key evicted at the solver level)."""
+    torch.manual_seed(24)
+    ids = torch.randint(0, 64, (1, 2 * CHUNK + 1))
+    cache, _ = _prefill(model, ids)
+    assert cache.evict().n_evicted > 0
+    for _ in range(CHUNK - 1):  # admits the chunk at 2 * CHUNK on top of the evicted state
+        _step(model, cache, torch.randint(0, 64, (1, 1)))
+    cache.forget([1])
+    assert cache.get_seq_length() == 3 * CHUNK  # the next token crosses the boundary 3 * CHUNK
+    before = _state(cache)
+    n_add = len(cache.layers[0].bank.solvers[0])
+    _fail_on_call(monkeypatch, IncrementalSVDD, "add", n_add + 1)
+    with pytest.raises(SolverError, match="undone in every layer"):
+        _step(model, cache, torch.randint(0, 64, (1, 1)))
+    monkeypatch.undo()
+    _assert_same_state(before, _state(cache))
+    assert pop_pending_gate(0) is None and pop_pending_gate(1) is None
+
+
+def test_crop_to_the_seen_length_changes_nothing(model: LlamaForCausalLM) -> None:
+    """crop(seen), and a crop that keeps every admitted position, keep the solvers exactly as they are."""
+    torch.manual_seed(25)
+    ids = torch.randint(0, 64, (1, 3 * CHUNK + 3))
+    cache, _ = _prefill(model, ids)
+    assert cache.evict().n_evicted > 0
+    cache.forget([2])  # a rebuild would replay the admissions without it: a different (equivalent) state
+    before = _state(cache)
+    cache.crop(cache.get_seq_length())
+    _assert_same_state(before, _state(cache))
+    cache.crop(3 * CHUNK + 1)  # drops 2 current-chunk positions, keeps every admitted one
+    after = _state(cache)
+    for la, lb in zip(before, after, strict=True):
+        assert la[9] and len(la[9]) == len(lb[9])
+        for sa, sb in zip(la[9], lb[9], strict=True):
+            np.testing.assert_array_equal(sa["alpha"], sb["alpha"])
+            np.testing.assert_array_equal(sa["R"], sb["R"])
+            assert sa["evicted"].keys() == sb["evicted"].keys()
+    assert all(layer.seen == 3 * CHUNK + 1 for layer in cache.layers)
+
+
+def test_forget_after_evict_is_accepted_when_the_history_allows_it(model: LlamaForCausalLM) -> None:
+    """check_removable counts the history the solver counts (active + evicted): a certified eviction never
+    changes what can be deleted, and the result equals the deletion without the eviction."""
+    torch.manual_seed(26)
+    ids = torch.randint(0, 64, (1, 6 * CHUNK))
+    plain, _ = _prefill(model, ids)
+    ev, _ = _prefill(model, ids)
+    ev.evict()
+    s = ev.layers[0].bank.solvers[0][0]
+    need = int(np.ceil(1 / ev.C))
+    sv = [int(p) for p in s.ids[s.alpha > 0]]
+    victims = sv[: s.n - need + 1]  # more than the active keys alone could lose
+    assert s.n - len(victims) < need <= len(ev.layers[0].bank.history) - len(victims)
+    rep_ev = ev.forget(victims, verify=True)
+    rep_plain = plain.forget(victims, verify=True)
+    assert max(r.refit_deviation for r in rep_ev.solvers) <= 1e-10
+    for (_, _, a), (_, _, b) in zip(ev.layers[0].bank.each(), plain.layers[0].bank.each(), strict=True):
+        hist = np.array(sorted(set(a.ids.tolist()) | set(a.evicted_ids)))
+        np.testing.assert_allclose(a.alpha_of(hist), b.alpha_of(hist), atol=1e-10)
+    assert max(r.refit_deviation for r in rep_plain.solvers) <= 1e-10
+    # a deletion the history cannot absorb is still refused, with the cache unchanged
+    snap = _state(ev)
+    too_many = sorted(ev.layers[0].bank.history)[: len(ev.layers[0].bank.history) - need + 1]
+    with pytest.raises(InfeasibleBoxError, match="active \\+ evicted"):
+        ev.forget(too_many)
+    _assert_same_state(snap, _state(ev))
+
+
 def test_cache_gate_matches_the_attention_functions_own_gate_on_a_padded_batch(model: LlamaForCausalLM) -> None:
     """Cross-check against an independent solver: with the padding declared, the cache's exact gate gives
     the logits the "sv_attention" function computes with its own (batched) gate over a DynamicCache."""
