@@ -31,6 +31,14 @@ FALLBACK_RIDGE = 1e-2
 #: Ridge of the polish solves: keeps 2 K_SS non-singular when duplicate keys sit in S together (they then
 #: split their mass equally, one of the optima) at a KKT error of ~1e-6 * alpha on S.
 POLISH_RIDGE = 1e-6
+#: The same ridge for float64 problems: fp64 keeps duplicates solvable with a far smaller one, so the gate is
+#: the partition's optimum to ~1e-10 * alpha even where near-duplicate keys make 2 K_SS ill-conditioned.
+POLISH_RIDGE_FP64 = 1e-10
+
+
+def polish_ridge(dtype: torch.dtype) -> float:
+    """The polish ridge for problems of ``dtype`` (:data:`POLISH_RIDGE`, or :data:`POLISH_RIDGE_FP64`)."""
+    return POLISH_RIDGE_FP64 if dtype == torch.float64 else POLISH_RIDGE
 
 
 @dataclass
@@ -303,7 +311,7 @@ def active_set_polish(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tens
     run = 0
     for _ in range(max(steps, 0) + 1):
         Cc = _c_column(Cw)
-        sol = fixed_partition_solve(gw, mw, cm, ce, Cw, POLISH_RIDGE)
+        sol = fixed_partition_solve(gw, mw, cm, ce, Cw, polish_ridge(gw.dtype))
         failures += int((~sol.ok).sum())
         g = sol.gradient(gw)
         viol = kkt_violation(sol.alpha, g, mw, cm, ce, Cw)
@@ -382,7 +390,7 @@ def primal_active_set(gram: torch.Tensor, mask: torch.Tensor, alpha0: torch.Tens
     cur_m, cur_e = margin, error
     run = 0
     while True:
-        sol = fixed_partition_solve(gram, mask, cur_m, cur_e, C, POLISH_RIDGE)
+        sol = fixed_partition_solve(gram, mask, cur_m, cur_e, C, polish_ridge(gram.dtype))
         failures += int((~sol.ok).sum())
         direction = sol.alpha - alpha
         # Ratio test on the margin keys.
@@ -417,7 +425,7 @@ def primal_active_set(gram: torch.Tensor, mask: torch.Tensor, alpha0: torch.Tens
         cur_m = torch.where(frozen, cur_m, new_m)
         cur_e = torch.where(frozen, cur_e, new_e)
         run += 1
-    final = fixed_partition_solve(gram, mask, cur_m, cur_e, C, POLISH_RIDGE)
+    final = fixed_partition_solve(gram, mask, cur_m, cur_e, C, polish_ridge(gram.dtype))
     gf = final.gradient(gram)
     viol = kkt_violation(final.alpha, gf, mask, cur_m, cur_e, C).to(dt)
     return PolishResult(margin=cur_m, error=cur_e, violation=viol, converged=converged, steps=run,

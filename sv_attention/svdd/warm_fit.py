@@ -262,14 +262,14 @@ def warm_partition(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
     -------
     WarmPartition
     """
-    from sv_attention.svdd.polish import POLISH_RIDGE, active_set_polish
+    from sv_attention.svdd.polish import active_set_polish, polish_ridge
 
     steps = WARM_PDAS_STEPS if steps is None else int(steps)
     tol = polish_tol(gram.dtype) if tol is None else float(tol)
     with torch.no_grad():
         if not isinstance(C, torch.Tensor) or C.numel() == 1 or bool((C == C.reshape(-1)[0]).all()):
             c = float(C.reshape(-1)[0]) if isinstance(C, torch.Tensor) else float(C)
-            fit = active_set_fit(gram.detach(), mask, margin, error, c, steps, tol, POLISH_RIDGE)
+            fit = active_set_fit(gram.detach(), mask, margin, error, c, steps, tol, polish_ridge(gram.dtype))
             settled = fit.settled & (fit.violation <= SETTLED_FACTOR * tol)
             return WarmPartition(margin=fit.margin, error=fit.error, settled=settled, violation=fit.violation,
                                  steps=fit.steps)
@@ -341,14 +341,14 @@ def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solv
     -------
     Tensor ``[G, n]``  alpha (``>= 0``)
     """
-    from sv_attention.svdd.polish import POLISH_RIDGE
+    from sv_attention.svdd.polish import polish_ridge
 
     G, n, _ = gram.shape
     mask = torch.ones(G, n, dtype=torch.bool, device=gram.device)
     margin, error = partition_from_alpha(init, C)
     tol = polish_tol(gram.dtype)
     # a warm start (new > 0) is the previous boundary's exact solution: its first step needs no solve
-    fit = active_set_fit(gram, mask, margin, error, float(C), WARM_PDAS_STEPS, tol, POLISH_RIDGE,
+    fit = active_set_fit(gram, mask, margin, error, float(C), WARM_PDAS_STEPS, tol, polish_ridge(gram.dtype),
                          start_alpha=init if new > 0 else None)
     count(stat, 1)
     count("pdas_problems", G)

@@ -10,7 +10,7 @@ Every fitted boundary goes through one chain (the only copy):
    not settle fall back (working-set fit, then the cold solve); every fallback is counted in
    :func:`gate_stats`, and a solve that ends with a caveat is reported once per process.
 2. **Gate.** The exact optimum of the found partition (bordered KKT solve, ridge
-   :data:`~sv_attention.svdd.polish.POLISH_RIDGE`). With ``detach_gate=False`` the same solve is
+   (:func:`~sv_attention.svdd.polish.polish_ridge`: 1e-6, 1e-10 in float64). With ``detach_gate=False`` the same solve is
    repeated on a Gram that carries the keys' autograd graph (:func:`differentiable_gate`), so the gate's
    value is unchanged and its gradient is the implicit derivative of the optimum within the partition.
 """
@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from sv_attention.svdd.polish import POLISH_RIDGE, fixed_partition_solve
+from sv_attention.svdd.polish import fixed_partition_solve, polish_ridge
 from sv_attention.svdd.warm_fit import fit_warm, partition_from_alpha
 
 #: Counters of what the gate did in this process (fits, solver statuses, reuse); see :func:`gate_stats`.
@@ -67,10 +67,10 @@ class CountingSolve:
         from sv_attention.svdd.batched import STATUS_NAMES, solve_batched
 
         if init is None:
-            sol = solve_batched(gram, mask, C, check_inputs=False, ridge=POLISH_RIDGE, backend=self.backend)
+            sol = solve_batched(gram, mask, C, check_inputs=False, ridge=polish_ridge(gram.dtype), backend=self.backend)
         else:
             sol = solve_batched(gram, mask, C, check_inputs=False, init_alpha=init, fista_iters=WARM_FISTA_ITERS,
-                                power_iters=WARM_POWER_ITERS, ridge=POLISH_RIDGE, backend=self.backend)
+                                power_iters=WARM_POWER_ITERS, ridge=polish_ridge(gram.dtype), backend=self.backend)
             count("warm_fits")
         count("fits")
         count("problems", gram.shape[0])
@@ -87,30 +87,79 @@ class CountingSolve:
         return sol
 
 
+#: Relative tolerance of the validity check of a fitted gate (sum 1, inside the box).
+VALID_TOL = {torch.float64: 1e-9, torch.float32: 1e-4}
+#: Step budget (times the number of keys) of the last-resort primal active-set fit.
+PRIMAL_STEPS_PER_KEY = 4
+
+
+def invalid_gates(alpha: torch.Tensor, C: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Problems whose gate ``alpha [G, n]`` is not a feasible SVDD solution: ``sum != 1`` or outside
+    ``[0, C]`` beyond :data:`VALID_TOL`, or not finite. Bool ``[G]``."""
+    tol = VALID_TOL.get(alpha.dtype, 1e-4)
+    a = alpha if mask is None else torch.where(mask, alpha, torch.zeros_like(alpha))
+    return (~torch.isfinite(a).all(-1)) | ((a.sum(-1) - 1.0).abs() > tol) | (a.amax(-1) > C * (1.0 + tol)) \
+        | (a.amin(-1) < -tol * C)
+
+
+def ensure_valid(gram: torch.Tensor, alpha: torch.Tensor, C: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``alpha [G, n]`` with every infeasible gate (:func:`invalid_gates`) refitted by the feasible primal
+    active-set method from uniform alpha (monotone in the objective, so it cannot cycle; counted as
+    ``primal_fallback``). A problem that still fails is reported (``RuntimeWarning``, counted as
+    ``invalid_gate``), never returned silently."""
+    from sv_attention.svdd.polish import primal_active_set
+    from sv_attention.svdd.warm_fit import polish_tol
+
+    bad = invalid_gates(alpha, C, mask)
+    if not bool(bad.any()):
+        return alpha
+    idx = bad.nonzero().flatten()
+    count("primal_fallback", len(idx))
+    G, n = alpha.shape
+    g_bad = gram[idx] if isinstance(gram, torch.Tensor) else gram.dense(idx)
+    m_bad = torch.ones(len(idx), n, dtype=torch.bool, device=alpha.device) if mask is None else mask[idx]
+    start = m_bad.to(alpha.dtype) / m_bad.sum(-1, keepdim=True).clamp_min(1)
+    Ct = torch.full((len(idx),), float(C), dtype=alpha.dtype, device=alpha.device)
+    start = torch.minimum(start, Ct[:, None])  # (n C >= 1 past warm-up, so uniform is feasible)
+    res = primal_active_set(g_bad, m_bad, start, m_bad.clone(), torch.zeros_like(m_bad), Ct,
+                            PRIMAL_STEPS_PER_KEY * n, polish_tol(alpha.dtype))
+    from sv_attention.svdd.polish import fixed_partition_solve, polish_ridge
+
+    refit = fixed_partition_solve(g_bad, m_bad, res.margin, res.error, Ct, polish_ridge(alpha.dtype)).alpha
+    refit = torch.where(m_bad, refit.clamp_min(0.0), torch.zeros_like(refit))
+    still = invalid_gates(refit, C, m_bad) | ~res.converged
+    if bool(still.any()):
+        count("invalid_gate", int(still.sum()))
+        warn_once("invalid_gate", f"sv gate: {int(still.sum())} SVDD problem(s) have no valid fitted gate after "
+                  "every fallback; their best iterate is used (see sv_attention.ops.sv_gate.gate_stats())")
+    return alpha.index_copy(0, idx, refit.to(alpha.dtype))
+
+
 def fit_cold(gram: torch.Tensor, C: float, solve: CountingSolve) -> torch.Tensor:
     """Gates of full problems ``gram [G, n, n]`` (all keys valid) with no previous gate: ``alpha [G, n]``."""
     G, n, _ = gram.shape
     if n <= COLD_PDAS_MAX_KEYS and solve.backend != "mlx":
         # a small first boundary: the active-set steps from "every key on the margin"
         uniform = torch.full((G, n), 1.0 / n, dtype=gram.dtype, device=gram.device)
-        return fit_warm(gram, uniform, C, 0, solve=solve, count=count, stat="cold_pdas_fits")
-    dense = gram.dense() if hasattr(gram, "dense") else gram
-    alpha = solve(dense, torch.ones(G, n, dtype=torch.bool, device=gram.device), C).alpha.clamp_min(0.0)
-    return alpha
+        alpha = fit_warm(gram, uniform, C, 0, solve=solve, count=count, stat="cold_pdas_fits")
+    else:
+        dense = gram.dense() if hasattr(gram, "dense") else gram
+        alpha = solve(dense, torch.ones(G, n, dtype=torch.bool, device=gram.device), C).alpha.clamp_min(0.0)
+    return ensure_valid(gram, alpha, C)
 
 
 def fit_from(gram: torch.Tensor, previous: torch.Tensor, C: float, new: int, solve: CountingSolve) -> torch.Tensor:
     """Gates of full problems ``gram [G, n, n]`` warm-started from the previous boundary's gate
     ``previous [G, n - new]``: ``alpha [G, n]``."""
     init = torch.nn.functional.pad(previous.to(gram.dtype), (0, new))
-    return fit_warm(gram, init, C, new, solve=solve, count=count)
+    return ensure_valid(gram, fit_warm(gram, init, C, new, solve=solve, count=count), C)
 
 
 def fit_masked(gram: torch.Tensor, mask: torch.Tensor, C: float, solve: CountingSolve) -> torch.Tensor:
     """Gates of problems with invalid keys (a non-causal layer's padded sequences): ``alpha [G, n]``, 0 where
     ``mask`` is False."""
     alpha = solve(gram, mask, C).alpha.clamp_min(0.0)
-    return torch.where(mask, alpha, torch.zeros_like(alpha))
+    return ensure_valid(gram, torch.where(mask, alpha, torch.zeros_like(alpha)), C, mask)
 
 
 def differentiable_gate(gram: torch.Tensor, alpha: torch.Tensor, C: float,
@@ -126,5 +175,5 @@ def differentiable_gate(gram: torch.Tensor, alpha: torch.Tensor, C: float,
         keep = mask[:, :, None] & mask[:, None, :]
         gram = torch.where(keep, gram, torch.zeros((), dtype=gram.dtype, device=gram.device))
     Ct = torch.full((G,), float(C), dtype=gram.dtype, device=gram.device)
-    sol = fixed_partition_solve(gram, mask, margin, error, Ct, POLISH_RIDGE)
+    sol = fixed_partition_solve(gram, mask, margin, error, Ct, polish_ridge(gram.dtype))
     return torch.where(mask, sol.alpha, torch.zeros_like(sol.alpha))
