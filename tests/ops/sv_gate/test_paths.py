@@ -192,7 +192,11 @@ def test_mlx_gate_backend_gives_the_torch_partitions_and_logits():
         from sv_attention.ops.sv_gate.gate import observe_gates
 
         seen: list[torch.Tensor] = []
-        with observe_gates(lambda s, alpha: seen.append(alpha > 0)):
+
+        def record(s, alpha, seen=seen):
+            seen.append(alpha > 0)
+
+        with observe_gates(record):
             m(ids)
         gates[name] = seen
     assert all(torch.equal(x, y) for x, y in zip(gates["torch"], gates["mlx"], strict=True))  # same partitions
@@ -220,5 +224,7 @@ def test_an_infeasible_fitted_gate_is_refitted_not_returned():
 
     for i in range(2):
         ref = torch.from_numpy(exact_gate(keys[i].numpy(), C, 2.0))
-        obj = lambda a: float(a @ gram[i] @ a - gram[i].diagonal() @ a)  # noqa: E731
+        def obj(a, k=gram[i]):
+            return float(a @ k @ a - k.diagonal() @ a)
+
         assert obj(fixed[i]) <= obj(ref) + 1e-9  # the optimum (possibly another one among near-duplicates)
