@@ -18,6 +18,7 @@ their ``path_weight`` setting is the plug-in's fixed weight and is not used by t
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from typing import Any
 
@@ -77,14 +78,24 @@ def validate_operator_config(operator: Any, knobs: dict[str, Any] | None) -> dic
     return model_operator_settings(operator, knobs).to_dict()
 
 
-def _series(version: str) -> tuple[int, ...]:
-    from packaging.version import InvalidVersion, Version
-
+def _release(version: str) -> tuple[int, ...]:
+    """The release numbers of a version string (``packaging`` when importable: a guarded import, so the Hub
+    artifact's configuration needs nothing but transformers; else the leading ``N.N...`` of PEP 440)."""
     try:
-        v = Version(version)
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        found = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
+        if found is None:
+            raise VersionMismatchError(f"unparseable sv-attention version {version!r} in the config") from None
+        return tuple(int(p) for p in found.group(1).split("."))
+    try:
+        return Version(version).release
     except InvalidVersion as exc:
         raise VersionMismatchError(f"unparseable sv-attention version {version!r} in the config") from exc
-    major, minor = (v.release + (0, 0))[:2]
+
+
+def _series(version: str) -> tuple[int, ...]:
+    major, minor = (_release(version) + (0, 0))[:2]
     return (major, minor) if major == 0 else (major,)
 
 

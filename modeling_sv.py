@@ -53,7 +53,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
-from sv_attention.errors import InvalidInputError, MaskError, UnsupportedFeatureError
+from sv_attention.errors import BackendUnavailableError, InvalidInputError, MaskError, UnsupportedFeatureError
 from sv_attention.ops.masking import to_bool_mask
 from sv_attention.ops.settings import PLUGIN_TWINS, model_operator_settings
 from sv_attention.ops.sv_gate import sv_gate_attention
@@ -559,6 +559,29 @@ def init_operator_parameters(module: SVAttention) -> None:
         _fill(module.ceq_alpha, 0.0)
 
 
+def backend_summary(config: Any) -> str:
+    """One line naming the attention path the model runs (logged at ``info`` level when a model is built).
+
+    For ``sv``: the gate solver (``batched``: the differentiable batched fits, whose partition finder runs in
+    torch, or in MLX on Apple silicon where the optional ``mlx`` imports; ``exact``: the fp64 maintained
+    solvers, numpy) and whether the optional MLX finder is importable. The other operators are torch only.
+    """
+    if config.operator != "sv":
+        return f"sv_lm: operator {config.operator!r} (torch)"
+    from sv_attention.svdd.batched import mlx_available, select_backend
+
+    settings = model_operator_settings(config.operator, config.operator_config)
+    mlx = "installed" if mlx_available() else "not installed"
+    if settings.solver == "exact":
+        return f"sv_lm: operator 'sv', gate solver 'exact' (fp64 maintained solvers, numpy; MLX {mlx}, unused)"
+    try:
+        finder = select_backend(settings.gate_backend, torch.device("cpu"))
+    except BackendUnavailableError:
+        finder = "mlx requested but not importable: fits will fail"
+    return (f"sv_lm: operator 'sv', gate solver 'batched', partition finder {finder} for CPU tensors "
+            f"(gate_backend {settings.gate_backend!r}; optional MLX finder {mlx})")
+
+
 class SVModel(SVPreTrainedModel):
     """The decoder without the head: ``input_ids [b, t]`` -> hidden states ``[b, t, hidden]``."""
 
@@ -572,6 +595,7 @@ class SVModel(SVPreTrainedModel):
         self.register_buffer("position_ids", torch.arange(config.max_position_embeddings), persistent=False)
         self.gradient_checkpointing = False
         self.post_init()
+        logger.info(backend_summary(config))
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
@@ -594,6 +618,11 @@ class SVModel(SVPreTrainedModel):
         position_ids : ``[b|1, t]``; default ``past + arange(t)``, or counted over the real tokens of a 2-D
             padding mask (see :func:`default_position_ids`); must stay below ``max_position_embeddings``
         cache / past_key_values : a transformers ``Cache`` (both spellings accepted)
+
+        Raises
+        ------
+        InvalidInputError
+            No tokens (an empty prompt), or a 2-D ``attention_mask`` with a row that has no real token.
         """
         cache = cache if cache is not None else past_key_values
         if (input_ids is None) == (inputs_embeds is None):
@@ -619,6 +648,7 @@ class SVModel(SVPreTrainedModel):
             cache = None
         output_attentions = bool(output_attentions)
         b, t = inputs_embeds.shape[:2]
+        check_not_empty(t, attention_mask)
         device = inputs_embeds.device
         past = cache.get_seq_length() if cache is not None else 0
         kv_len = past + t
@@ -650,6 +680,28 @@ class SVModel(SVPreTrainedModel):
         out = BaseModelOutputWithPast(last_hidden_state=hidden, hidden_states=all_hidden, attentions=all_attn,
                                       **{CACHE_FIELD: cache})
         return out.to_tuple() if return_dict is False else out
+
+
+def check_not_empty(t: int, attention_mask: torch.Tensor | None) -> None:
+    """Refuse an input with no token, or a 2-D padding mask ``[b, past + t]`` with a row of padding only.
+
+    Raises
+    ------
+    InvalidInputError
+        Naming what was empty and what to pass instead.
+    """
+    if t == 0:
+        raise InvalidInputError(
+            "empty input: no tokens to run (input_ids of shape [batch, 0]); an empty prompt gives the model nothing "
+            "to condition on. Pass at least one token, e.g. start the prompt with a newline"
+        )
+    if attention_mask is not None and attention_mask.dim() == 2:
+        empty = (~attention_mask.ne(0).any(-1)).nonzero().flatten().tolist()
+        if empty:
+            raise InvalidInputError(
+                f"attention_mask row(s) {empty} have no real token (all padding): an empty prompt in a batch. "
+                "Give every row at least one token, or drop the empty prompts from the batch"
+            )
 
 
 def default_position_ids(attention_mask: torch.Tensor | None, past: int, t: int,

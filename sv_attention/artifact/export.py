@@ -1,7 +1,9 @@
 """``export_artifact``: write a Hub artifact folder from a model or a checkpoint, optionally publish it.
 
 The folder holds: ``config.json`` (with ``auto_map``), ``generation_config.json``, ``model.safetensors``,
-the three code files, ``tokenizer_config.json``, ``README.md`` (the card) and ``MANIFEST.json``.
+the three remote-code files and their generated flat sibling files (:mod:`sv_attention.artifact.siblings`:
+the package modules the model needs, so that it loads with torch + transformers alone),
+``tokenizer_config.json``, ``README.md`` (the card), ``results/`` and ``MANIFEST.json``.
 It is built in a temporary sibling folder and moved into place only when complete (and, with
 ``push_to``, only after the upload succeeded), so a failure leaves the target untouched.
 """
@@ -25,6 +27,7 @@ from sv_attention.artifact.card import write_card
 from sv_attention.artifact.manifest import build_manifest, hash_files, hash_tensors, write_manifest
 from sv_attention.artifact.params import count_parameters, published_reading
 from sv_attention.artifact.remote import CODE_FILES, model_classes
+from sv_attention.artifact.siblings import RemoteCode, generate_repository_code, write_remote_code
 from sv_attention.errors import ArtifactError, InvalidInputError, NetworkUnavailableError
 
 #: the fixed input of the recorded reference forward pass (bytes of this text)
@@ -95,9 +98,10 @@ def _versions() -> dict[str, Any]:
             "torch": torch.__version__, "python": platform.python_version()}
 
 
-def git_state() -> dict[str, Any]:
+def git_state(code_sources: list[str] | tuple[str, ...] = CODE_FILES) -> dict[str, Any]:
     """Whether the checkout differs from its commit: ``git_dirty`` (any tracked file modified) and
-    ``code_files_committed`` (the shipped code files equal their committed version); None outside a checkout."""
+    ``code_files_committed`` (the sources of the shipped code, ``code_sources`` relative to the repository
+    root, equal their committed version); None outside a checkout."""
     from sv_attention.results import repo_root
 
     def differs(*paths: str) -> bool | None:
@@ -108,7 +112,14 @@ def git_state() -> dict[str, Any]:
             return None
         return {0: False, 1: True}.get(res.returncode)
 
-    code = differs(*CODE_FILES)
+    code = differs(*code_sources)
+    if code is False:  # a source git does not know (new, untracked) is not committed either
+        try:
+            res = subprocess.run(["git", "ls-files", "--error-unmatch", "--", *code_sources], cwd=repo_root(),
+                                 capture_output=True, timeout=30)
+            code = res.returncode != 0
+        except (OSError, subprocess.SubprocessError):
+            code = None
     return {"git_dirty": differs(), "code_files_committed": None if code is None else not code}
 
 
@@ -159,18 +170,17 @@ def write_folder(model: torch.nn.Module, out: Path, *, command: str, training: d
     generation = copy.deepcopy(model.generation_config)  # batched generation pads with the tokenizer's byte 0
     generation.pad_token_id = tok.pad_token_id
     generation.save_pretrained(out)
-    for name in CODE_FILES:  # the tokenizer file is copied by save_pretrained too; make sure of all three
-        if not (out / name).is_file():
-            from sv_attention.artifact.remote import code_file
-
-            shutil.copyfile(code_file(name), out / name)
+    # save_pretrained copied the repository's code files, which import the package: replace them with the
+    # generated, self-contained remote code (the three files and their flat siblings)
+    code: RemoteCode = write_remote_code(out, generate_repository_code())
     params = count_parameters(model)
     params["published_reading"] = published_reading(params, model.config, type(model))
     manifest_args = dict(
         parameters=params, model=model_summary(model.config), versions=_versions(),
-        provenance={"command": command, "git_commit": git_commit(), **git_state(),
+        provenance={"command": command, "git_commit": git_commit(),
+                    **git_state(sorted(set(code.sources.values()))),
                     "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-        training=training, reference_forward=reference_forward(model),
+        training=training, reference_forward=reference_forward(model), code=code.manifest_entry(),
     )
     draft = {"files": hash_files(out), "tensors": hash_tensors(out), **manifest_args}
     write_card(out, draft, results_dir=results_dir, license=license, datasets=datasets, repo_id=repo_id)

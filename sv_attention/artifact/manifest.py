@@ -12,7 +12,11 @@ Layout::
       "provenance": {"command", "git_commit", "created_utc"}
       "training": {"data", "steps", ...} or null
       "reference_forward": {"input_bytes", "logits_sha256", "logits_head", "logits_sum"}
+      "code": {"generator", "entry_points", "siblings", "sources"}   the remote code: the three entry points,
+               the generated flat sibling files (sv_attention.artifact.siblings) and each file's source
     }
+
+Every code file is also in ``files`` (hashed like any other file, so verify refuses a changed one).
 """
 
 from __future__ import annotations
@@ -115,9 +119,10 @@ def hash_tensors(root: str | Path) -> dict[str, dict[str, Any]]:
 
 def build_manifest(root: str | Path, *, parameters: dict[str, Any], model: dict[str, Any],
                    versions: dict[str, Any], provenance: dict[str, Any], training: dict[str, Any] | None,
-                   reference_forward: dict[str, Any] | None) -> dict[str, Any]:
+                   reference_forward: dict[str, Any] | None,
+                   code: dict[str, Any] | None = None) -> dict[str, Any]:
     """Assemble the manifest of the folder ``root`` (hashing its files and tensors now)."""
-    return {
+    manifest = {
         "format": MANIFEST_FORMAT,
         "files": hash_files(root),
         "tensors": hash_tensors(root),
@@ -128,6 +133,9 @@ def build_manifest(root: str | Path, *, parameters: dict[str, Any], model: dict[
         "training": training,
         "reference_forward": reference_forward,
     }
+    if code is not None:
+        manifest["code"] = code
+    return manifest
 
 
 def write_manifest(root: str | Path, manifest: dict[str, Any]) -> Path:

@@ -7,7 +7,9 @@ separate, non-fatal finding (``report.findings``), so a metadata edit made on th
 weights unverified. ``manifest_sha256`` pins the manifest itself to a hash published elsewhere (integrity
 plus authenticity): a mismatch stops the check before anything else is trusted. Then: load offline with ``trust_remote_code=True`` (model and tokenizer), recompute the
 parameter counts, run the recorded reference forward pass, and a certificate self-check (operator ``sv``:
-the exact fp64 solver on the layer-0 keys of the reference text, KKT certificate checked).
+the exact fp64 solver on the layer-0 keys of the reference text, KKT certificate checked). With
+``clean_env``: the folder is loaded once more in a fresh virtual environment holding only torch,
+transformers and safetensors, and its logits and generations are compared with the package path's.
 """
 
 from __future__ import annotations
@@ -81,6 +83,30 @@ def check_files(root: Path, manifest: dict[str, Any], report: VerifyReport) -> N
         out = report.findings if name in NON_FATAL_FILES else report.problems
         out.append(f"unlisted file: {name} (not in {MANIFEST_NAME}; remove it or re-export)")
     report.checks["files"] = {"expected": len(expected), "found": len(found)}
+
+
+def check_code(manifest: dict[str, Any], report: VerifyReport) -> None:
+    """The manifest's ``code`` record (entry points + generated siblings) names exactly its ``.py`` files.
+
+    Every code file is hashed in ``files`` like any other (:func:`check_files`); this check makes sure no
+    Python file of the folder escapes the record of what the remote code is (older manifests without a
+    ``code`` record are checked against the three entry points only).
+    """
+    from sv_attention.artifact.remote import CODE_FILES
+
+    files = {name for name in manifest.get("files", {}) if name.endswith(".py")}
+    record = manifest.get("code")
+    if record is None:
+        listed = set(CODE_FILES)
+    else:
+        listed = set(record.get("entry_points", [])) | set(record.get("siblings", []))
+    for name in sorted(listed - files):
+        report.problems.append(f"code record names {name}, which {MANIFEST_NAME} does not hash")
+    for name in sorted(files - listed):
+        report.problems.append(f"python file {name} is not in the manifest's code record (entry points and "
+                               "generated siblings); re-export")
+    report.checks["code"] = {"entry_points": len(set(CODE_FILES) & files),
+                             "siblings": len(files - set(CODE_FILES))}
 
 
 def check_tensors(root: Path, manifest: dict[str, Any], report: VerifyReport) -> None:
@@ -192,7 +218,8 @@ def normalise_sha256(value: str) -> str:
     return text
 
 
-def verify_artifact(path: str | Path, *, load: bool = True, manifest_sha256: str | None = None) -> VerifyReport:
+def verify_artifact(path: str | Path, *, load: bool = True, manifest_sha256: str | None = None,
+                    clean_env: bool = False, clean_env_dir: str | Path | None = None) -> VerifyReport:
     """Verify an artifact folder; never raises for a mismatch (read ``report.problems``).
 
     Parameters
@@ -201,6 +228,11 @@ def verify_artifact(path: str | Path, *, load: bool = True, manifest_sha256: str
     load : also load with ``trust_remote_code=True`` (offline) and run the model checks
     manifest_sha256 : the sha256 of ``MANIFEST.json`` as published elsewhere; a mismatch fails the check
         before anything in the folder is trusted
+    clean_env : also load the folder in a fresh virtual environment with only torch, transformers and
+        safetensors (:func:`sv_attention.artifact.clean_env.verify_clean_env`) and compare its logits and
+        generations with the package path's (``checks["clean_env"]``); runs after the other checks passed
+    clean_env_dir : where that environment is created (and reused when it already has the pins); default a
+        temporary folder
 
     Raises
     ------
@@ -229,6 +261,7 @@ def verify_artifact(path: str | Path, *, load: bool = True, manifest_sha256: str
         report.problems.append(str(exc))
         return report
     check_files(root, manifest, report)
+    check_code(manifest, report)
     check_tensors(root, manifest, report)
     if not load:
         return report
@@ -256,4 +289,22 @@ def verify_artifact(path: str | Path, *, load: bool = True, manifest_sha256: str
     report.checks["certificate"] = cert
     if cert.get("applicable") and not cert.get("certified"):
         report.problems.append(f"certificate self-check failed: {cert.get('reason')}")
+    if clean_env:
+        check_clean_env(root, report, clean_env_dir)
     return report
+
+
+def check_clean_env(root: Path, report: VerifyReport, venv: str | Path | None) -> None:
+    """Load the folder in a clean virtual environment; every difference from the package path is a problem."""
+    from sv_attention.artifact.clean_env import verify_clean_env
+
+    if report.problems:
+        report.checks["clean_env"] = "skipped: the folder failed the checks above"
+        return
+    try:
+        result = verify_clean_env(root, venv=venv)
+    except ArtifactError as exc:
+        report.problems.append(f"clean environment: {exc}")
+        return
+    report.checks["clean_env"] = {k: v for k, v in result.items() if k not in ("ok", "problems")}
+    report.problems.extend(f"clean environment: {p}" for p in result["problems"])

@@ -1,5 +1,6 @@
-"""``sv-attention verify DIR [--manifest-sha256 HASH]``: recompute hashes and parameter counts, load offline,
-run, self-check. Exit 0: verified (a changed card is printed as a NOTE); 1: a mismatch; 2: bad input."""
+"""``sv-attention verify DIR [--manifest-sha256 HASH] [--clean-env [--clean-env-dir DIR]]``: recompute hashes and
+parameter counts, load offline, run, self-check (and load it again in a clean virtual environment).
+Exit 0: verified (a changed card is printed as a NOTE); 1: a mismatch; 2: bad input."""
 
 from __future__ import annotations
 
@@ -18,15 +19,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--manifest-sha256", default=None, metavar="HASH",
                         help="the sha256 of MANIFEST.json published elsewhere (e.g. the repository README); "
                              "a mismatch fails before anything else is trusted")
+    parser.add_argument("--clean-env", action="store_true",
+                        help="also load the folder in a new virtual environment (python -m venv, no system site "
+                             "packages) with only torch, transformers and safetensors installed, and compare "
+                             "its logits and generations with the package path's (minutes: pip install)")
+    parser.add_argument("--clean-env-dir", default=None, metavar="DIR",
+                        help="create the clean environment here and reuse it on later runs (default: a "
+                             "temporary folder, removed afterwards)")
     parser.add_argument("--json", default=None, help="write the report as JSON to this path")
 
 
 def run(args: argparse.Namespace) -> int:
     from sv_attention.artifact.verify import verify_artifact
-    from sv_attention.errors import SVAttentionError
+    from sv_attention.errors import InvalidInputError, SVAttentionError
 
     try:
-        report = verify_artifact(args.dir, load=not args.no_load, manifest_sha256=args.manifest_sha256)
+        if args.clean_env and args.no_load:
+            raise InvalidInputError("--clean-env loads the folder; it cannot be combined with --no-load")
+        report = verify_artifact(args.dir, load=not args.no_load, manifest_sha256=args.manifest_sha256,
+                                 clean_env=args.clean_env, clean_env_dir=args.clean_env_dir)
     except SVAttentionError as exc:
         print(f"sv-attention verify: error: {exc}", file=sys.stderr)
         return 2

@@ -16,12 +16,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from sv_attention.errors import BackendUnavailableError
 from sv_attention.svdd.batched_torch import COLD_STEPS, fixed_start_vector
 
 
 def _mx():
-    import mlx.core as mx
-
+    """``mlx.core``, imported on first use (a guarded import: MLX is an optional acceleration, and the Hub
+    artifact's copy of this module must load where it is not installed)."""
+    try:
+        import mlx.core as mx
+    except ImportError as exc:
+        raise BackendUnavailableError("the MLX finder needs mlx (pip install 'mlx[cpu]' on Linux); use "
+                                      "gate_backend='torch' or 'auto'") from exc
     return mx
 
 

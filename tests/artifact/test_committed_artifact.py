@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from sv_attention.artifact.remote import CODE_FILES
+from sv_attention.artifact.siblings import stale_files
 from sv_attention.artifact.verify import verify_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,8 +22,13 @@ def test_committed_artifact_matches_its_manifest():
 
 
 def test_committed_artifact_ships_this_repository_code():
-    stale = [n for n in CODE_FILES if (ART / n).read_bytes() != (ROOT / n).read_bytes()]
-    assert not stale, f"hf_artifact/ ships outdated {stale}; re-run `sv-attention export ... --out hf_artifact`"
+    """The remote code (entry points + flat siblings) equals a fresh generation from this checkout."""
+    stale = stale_files(ART)
+    command = json.loads((ART / "MANIFEST.json").read_text())["provenance"]["command"]
+    assert not stale, ("hf_artifact/ ships outdated remote code:\n  " + "\n  ".join(stale)
+                       + f"\nre-export it: {command}")
+    manifest = json.loads((ART / "MANIFEST.json").read_text())
+    assert sorted(manifest["code"]["entry_points"]) == sorted(CODE_FILES)
 
 
 def test_model_card_at_the_root_is_the_committed_card():

@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
 from sv_attention.artifact.export import export_artifact
 from sv_attention.artifact.remote import CODE_FILES
+from sv_attention.artifact.siblings import generate_repository_code
 from sv_attention.cli import main
 from sv_attention.errors import ArtifactError, NetworkUnavailableError
 from tests.artifact.conftest import tiny_model
@@ -23,9 +19,14 @@ EXPECTED = {"MANIFEST.json", "README.md", "config.json", "generation_config.json
             "tokenizer_config.json", *CODE_FILES}
 
 
+def expected_files() -> set[str]:
+    """The non-code files and every generated remote-code file (entry points + flat siblings)."""
+    return EXPECTED | set(generate_repository_code().files)
+
+
 def test_folder_contents_and_auto_map(exported):
     _, out = exported
-    assert {p.name for p in out.iterdir()} == EXPECTED
+    assert {p.name for p in out.iterdir()} == expected_files()
     config = json.loads((out / "config.json").read_text())
     assert config["auto_map"] == {"AutoConfig": "configuration_sv.SVConfig",
                                   "AutoModelForCausalLM": "modeling_sv.SVForCausalLM"}
@@ -33,10 +34,13 @@ def test_folder_contents_and_auto_map(exported):
     tok = json.loads((out / "tokenizer_config.json").read_text())
     assert tok["auto_map"]["AutoTokenizer"][0] == "tokenization_sv.SVByteTokenizer"
     manifest = json.loads((out / "MANIFEST.json").read_text())
-    assert set(manifest["files"]) == EXPECTED - {"MANIFEST.json"}
-    repo = Path(__file__).resolve().parents[2]
-    for name in CODE_FILES:  # the shipped code is the repository's code, byte for byte
-        assert (out / name).read_bytes() == (repo / name).read_bytes()
+    assert set(manifest["files"]) == expected_files() - {"MANIFEST.json"}
+    code = generate_repository_code()
+    for name, text in code.files.items():  # the shipped code is the generation from this checkout, exactly
+        assert (out / name).read_text() == text
+    assert manifest["code"]["entry_points"] == sorted(CODE_FILES)
+    assert manifest["code"]["siblings"] == list(code.siblings)
+    assert manifest["code"]["sources"]["modeling_sv.py"] == "modeling_sv.py"
     assert manifest["provenance"]["command"] == "pytest export"
     assert set(manifest["versions"]) >= {"sv_attention", "transformers", "torch"}
 
@@ -125,33 +129,12 @@ def test_cli_push_failure_exit_status(tmp_path, monkeypatch, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
-BLOCKER = textwrap.dedent("""
-    import sys
-
-    class _HideSvAttention:
-        def find_spec(self, name, path=None, target=None):
-            if name == "sv_attention" or name.startswith("sv_attention."):
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-
-    sys.meta_path.insert(0, _HideSvAttention())
-""")
-
-
-def test_loading_without_the_package_gives_pip_install_message(exported, tmp_path):
+def test_shipped_code_has_no_package_import(exported):
     _, out = exported
-    (tmp_path / "sitecustomize.py").write_text(BLOCKER)
-    code = (
-        "from transformers import AutoModelForCausalLM\n"
-        f"AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True, local_files_only=True)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HF_HUB_OFFLINE": "1",
-           "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240,
-                         cwd=tmp_path)
-    assert res.returncode != 0
-    assert "requires the following packages that were not found in your environment: sv_attention" in res.stderr
-    assert "pip install sv_attention" in res.stderr
+    for path in out.glob("*.py"):
+        text = path.read_text()
+        assert "\nfrom sv_attention" not in text and "\nimport sv_attention" not in text, path.name
+        assert "    from sv_attention" not in text, path.name  # function-level imports rewritten too
 
 
 def test_generation_config_provenance_and_permissions(exported):

@@ -18,7 +18,32 @@ def test_clean_export_passes(exported):
     assert report.checks["load"]["model"] == "SVForCausalLM"
     assert report.checks["load"]["tokenizer"] == "SVByteTokenizer"
     assert report.checks["certificate"]["applicable"] is False  # ceq carries no SV certificate
-    assert report.checks["files"]["expected"] == report.checks["files"]["found"] == 8
+    n_files = len(json.loads((exported[1] / "MANIFEST.json").read_text())["files"])
+    assert report.checks["files"]["expected"] == report.checks["files"]["found"] == n_files
+    assert report.checks["code"]["entry_points"] == 3 and report.checks["code"]["siblings"] > 10
+
+
+def test_edited_sibling_file_is_named_and_not_executed(artifact_copy):
+    path = artifact_copy / "sv_ops_sv_gate_gate.py"
+    path.write_text(path.read_text().replace("import torch", "import torch  # tampered", 1))
+    report = verify_artifact(artifact_copy)
+    assert any(p.startswith("file size mismatch: sv_ops_sv_gate_gate.py") for p in report.problems)
+    assert "refusing to execute" in report.checks["load"]
+
+
+def test_python_file_outside_the_code_record_is_named(artifact_copy):
+    p = artifact_copy / "MANIFEST.json"
+    manifest = json.loads(p.read_text())
+    manifest["code"]["siblings"].remove("sv_kernels.py")
+    p.write_text(json.dumps(manifest))
+    report = verify_artifact(artifact_copy, load=False)
+    assert report.problems == ["python file sv_kernels.py is not in the manifest's code record (entry points "
+                               "and generated siblings); re-export"]
+
+
+def test_clean_env_cannot_combine_with_no_load(exported, capsys):
+    assert main(["verify", str(exported[1]), "--no-load", "--clean-env"]) == 2
+    assert "--clean-env loads the folder" in capsys.readouterr().err
 
 
 def test_flipped_weight_byte_is_named(artifact_copy):
