@@ -91,11 +91,3 @@ def write_result(name: str, payload: dict[str, Any], path: str | os.PathLike | N
     data = {"name": name, **_clean(payload), "provenance": provenance(command)}
     out.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
     return out
-
-
-def read_result(name: str) -> dict[str, Any] | None:
-    """Read ``results/NAME.json`` or return None when it does not exist."""
-    p = results_dir() / f"{name}.json"
-    if not p.exists():
-        return None
-    return json.loads(p.read_text())

@@ -1,7 +1,7 @@
 """``sv-attention reproduce sign-flip``: content-conditional sign flips of d out_i / d v_j.
 
 For sgate, signed and softmax at s in {8, 16, 32, 64, 128}: the rate at which redrawing a third token's
-content flips the sign of ``d out_i / d v_j`` (protocol in :mod:`sv_attention.ops.ceq_signflip`), with
+content flips the sign of ``d out_i / d v_j`` (protocol in :mod:`sv_attention.experiments.sign_flip`), with
 Wilson 95% intervals, the median ``|d out_i / d v_j|`` (to see whether the gradient floors at 0), and a
 weighted power-law fit ``rate ~ a s^-b`` per operator. Writes ``results/sign_flip.json`` and a figure
 ``results/sign_flip.png``.
@@ -70,7 +70,7 @@ def _figure(cells: list[dict], fits: dict, path: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from sv_attention.ops.ceq_signflip import fit_power_decay, sign_flip_rate
+    from sv_attention.experiments.sign_flip import fit_power_decay, sign_flip_rate
     from sv_attention.results import results_dir, write_result
 
     cells = []

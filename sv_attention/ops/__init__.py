@@ -6,9 +6,11 @@ Names are resolved lazily from their defining modules:
   dataclass per operator, one defaults table, one validation).
 - SV gate: :func:`sv_gate_attention`, :func:`naive_sv_gate_attention` (the ``sv_gate/`` package);
   :class:`CausalSVAttention`, :func:`sv_hybrid_attention` (``causal.py``); readouts (``readouts.py``).
-- ceq: :func:`ceq_matrix`, :func:`ceq_attention`, :func:`truncation_bound` (``ceq.py``),
-  :class:`HopCache`, :func:`ceq_attention_cached` (``hop_cache.py``), :class:`SMPrime` (``smprime.py``),
-  :func:`beta_lrt`, :func:`lrt_report`, :class:`BetaGradientCensus` (``beta_test.py``).
+- ceq: :func:`ceq_matrix`, :func:`ceq_attention`, :func:`ceq_layer_attention`, :func:`truncation_bound`,
+  :class:`HopState` (``HopCache``), :func:`ceq_attention_cached` (the ``ceq/`` package; ``hop_cache.py``
+  re-exports for one release); smprime: :class:`SMPrime` (the ``smprime/`` package).
+- Not operators, re-exported for one release: :func:`beta_lrt`, :func:`lrt_report`,
+  :class:`BetaGradientCensus` (now :mod:`sv_attention.analysis.beta_test`).
 - Baselines: linear attention and DeltaNet (``baselines.py``).
 """
 
@@ -29,12 +31,14 @@ _LAZY = {
     "ceq_matrix": "sv_attention.ops.ceq",
     "ceq_attention": "sv_attention.ops.ceq",
     "truncation_bound": "sv_attention.ops.ceq",
+    "ceq_layer_attention": "sv_attention.ops.ceq",
+    "HopState": "sv_attention.ops.ceq",
     "HopCache": "sv_attention.ops.hop_cache",
-    "ceq_attention_cached": "sv_attention.ops.hop_cache",
+    "ceq_attention_cached": "sv_attention.ops.ceq",
     "SMPrime": "sv_attention.ops.smprime",
-    "beta_lrt": "sv_attention.ops.beta_test",
-    "lrt_report": "sv_attention.ops.beta_test",
-    "BetaGradientCensus": "sv_attention.ops.beta_test",
+    "beta_lrt": "sv_attention.analysis.beta_test",
+    "lrt_report": "sv_attention.analysis.beta_test",
+    "BetaGradientCensus": "sv_attention.analysis.beta_test",
 }
 
 

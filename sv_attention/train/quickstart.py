@@ -13,7 +13,8 @@ Seven steps, each printed as it runs:
    :class:`sv_attention.CertifiedCache`), evicts every certified-inert key, checks that the next-token
    logits did not move, then forgets a long-range token by the exact decrement and checks it against a
    from-scratch refit;
-6. ``sv-attention verify`` on the artifact;
+6. the checks of ``sv-attention verify`` on the artifact (:func:`sv_attention.artifact.verify.verify_artifact`,
+   called directly; its report is written as ``run_dir/verify.json``);
 7. a summary of where everything went (also written as JSON).
 """
 
@@ -147,7 +148,7 @@ def run_quickstart(opts: QuickstartOptions) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sv_attention.artifact.export import export_artifact
-    from sv_attention.cli import main as cli_main
+    from sv_attention.artifact.verify import verify_artifact
     from sv_attention.data import embedded_corpus
     from sv_attention.results import write_result
     from sv_attention.train.model import load_pretrained
@@ -228,8 +229,13 @@ def run_quickstart(opts: QuickstartOptions) -> dict[str, Any]:
 
     t = _step(6, n, f"sv-attention verify {art}")
     verify_json = run_dir / "verify.json"
-    rc = cli_main(["verify", str(art), "--json", str(verify_json)])
-    summary["verify"] = {"exit_code": rc, "report": str(verify_json)}
+    report = verify_artifact(art)
+    verify_json.write_text(json.dumps({"ok": report.ok, "problems": report.problems, "findings": report.findings,
+                                       "checks": report.checks}, indent=2, default=str) + "\n")
+    for line in [*(f"NOTE: {f}" for f in report.findings), *(f"MISMATCH: {p}" for p in report.problems)]:
+        _say(f"  {line}")
+    rc = 0 if report.ok else 1  # the exit code `sv-attention verify` gives for this report
+    summary["verify"] = {"exit_code": rc, "ok": report.ok, "problems": report.problems, "report": str(verify_json)}
     timings["verify_s"] = time.perf_counter() - t
 
     _step(7, n, "summary")

@@ -1,4 +1,4 @@
-"""Tests for sv_attention.ops.beta_test: the beta LRT, Wald cross-check, state restoration, census."""
+"""Tests for sv_attention.analysis.beta_test: the beta LRT, Wald cross-check, state restoration, census."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from sv_attention.errors import ConfigError
-from sv_attention.ops.beta_test import (
+from sv_attention.analysis.beta_test import (
     BETWEEN,
     MOVED,
     PINNED,
@@ -20,6 +19,7 @@ from sv_attention.ops.beta_test import (
     lrt_report,
     verdict,
 )
+from sv_attention.errors import ConfigError
 from sv_attention.ops.smprime import SMPrime
 
 

@@ -1,10 +1,11 @@
+"""``sv-attention reproduce forgetting``: the smallest setting end to end."""
+
 import json
 
-import numpy as np
 import pytest
 
 from sv_attention.cli import main
-from sv_attention.commands.reproduce_forgetting import REGIMES, make_keys
+from sv_attention.experiments.forgetting import REGIMES
 
 
 def test_reproduce_forgetting_smallest_setting(tmp_path, capsys):
@@ -18,13 +19,3 @@ def test_reproduce_forgetting_smallest_setting(tmp_path, capsys):
         assert r["worst_deviation"] <= 1e-8
         assert r["decay_median_deviation"] > r["median_deviation"]  # the baseline is visibly worse
     assert "decay" in capsys.readouterr().out
-
-
-def test_regime_generators_shapes():
-    rng = np.random.default_rng(0)
-    for regime in ("gaussian", "redundant", "near_duplicate"):
-        X, sigma = make_keys(regime, rng, None)
-        assert X.shape == (24, 6) and sigma == 2.0
-    X, _ = make_keys("near_duplicate", rng, None)
-    d = np.abs(X[:, None] - X[None]).sum(-1) + np.eye(24)
-    assert (d == 0).any() and ((d > 0) & (d < 0.1)).any()  # exact repeats and near-duplicates

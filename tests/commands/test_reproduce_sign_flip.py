@@ -10,8 +10,8 @@ import torch
 
 from sv_attention.cli import main
 from sv_attention.errors import InvalidHyperparameterError
+from sv_attention.experiments.sign_flip import coefficient, fit_power_decay, sign_flip_rate, wilson_interval
 from sv_attention.ops.ceq import ceq_matrix
-from sv_attention.ops.ceq_signflip import coefficient, fit_power_decay, sign_flip_rate, wilson_interval
 
 
 def test_command_smallest_setting(tmp_path):

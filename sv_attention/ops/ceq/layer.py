@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from sv_attention.errors import InvalidInputError
-from sv_attention.ops.ceq import state as _state
 from sv_attention.ops.ceq.attention import ceq_attention
 from sv_attention.ops.ceq.common import check_qkv
 from sv_attention.ops.ceq.naive import ceq_matrix
@@ -116,8 +115,7 @@ def ceq_layer_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
         work = None
     else:
         if past == 0:
-            work = HopState.for_prefill(query, key, value, p["hops"], signature,
-                                        _state.PREFILL_HEADROOM if keep_state else 0)
+            work = HopState.for_prefill(query, key, value, p["hops"], signature, headroom=keep_state)
         else:
             work = (state if state is not None else HopState()).prepared(
                 key, q_len, signature, sliding, private=not keep_state, layer_idx=layer_idx)

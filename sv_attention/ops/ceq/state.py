@@ -216,11 +216,12 @@ class HopState:
     # -- the decoding protocol (used by ceq_layer_attention) ------------------------------------------
     @classmethod
     def for_prefill(cls, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, hops: int,
-                    signature: tuple, headroom: int) -> HopState:
-        """An empty state with room for ``kv_len + headroom`` columns (K-1 hop buffers + fingerprint)."""
+                    signature: tuple, headroom: bool = True) -> HopState:
+        """An empty state with room for ``kv_len`` columns, plus :data:`PREFILL_HEADROOM` for the decoding
+        steps that follow when ``headroom`` (K-1 hop buffers ``[b, h, cap, dv]`` + fingerprint ``[b, g, cap]``)."""
         b, h = query.shape[:2]
         g, kv_len, dv = key.shape[1], key.shape[2], value.shape[-1]
-        cap = kv_len + headroom
+        cap = kv_len + (PREFILL_HEADROOM if headroom else 0)
         state = cls()
         state._set([query.new_empty(b, h, cap, dv) for _ in range(hops - 1)], key.new_empty(b, g, cap), 0, 0,
                    signature)
