@@ -12,6 +12,14 @@ Within a fixed partition (margin S, error E) the solution solves the bordered sy
 No second solve: the forward refines ``R c`` against ``M(K)`` (iterative refinement with the same R) and
 the backward is one product with ``R^T``. Set migrations are kinks: no gradient flows through them.
 
+Status: the paper's implicit VJP, kept as a standalone differentiable op (with :func:`rbf_readout`, the
+readout it was published with). No package path differentiates through it today: the exact solver path
+(``SVSettings(solver="exact")``, the certified cache) is inference-only (``detach_gate=True``), and the
+trainable gate differentiates the ridged bordered solve of the batched path (``sv_attention.svdd.batched``
+/ ``ops.sv_gate.fit``). Its natural caller is an optional gradient of the naive SV reference
+(``ops/sv_gate/naive.py``: exact coefficients, then ``svdd_alpha_rho`` for d out / d keys); it is checked
+against :func:`svdd_alpha_rho_reference` and by fp64 ``gradcheck`` in ``tests/svdd/test_implicit.py``.
+
 Public functions
 ----------------
 :func:`svdd_alpha_rho` (keys -> alpha, rho through the kernel map), :func:`decision_scores`,
