@@ -115,11 +115,10 @@ def select_backend(backend: str, device: torch.device) -> str:
     ``"auto"`` picks **MLX on Apple silicon** (macOS arm64, CPU tensors, mlx importable) and **torch
     everywhere else** (Linux CPU, CUDA). Why: MLX runs only the (non-differentiable) finder, the polish
     and the differentiable solve are torch in both cases, and on Linux ``mlx[cpu]`` is single-threaded
-    with reference BLAS. Measured on the shared 2-core Linux development machine (``sv-attention bench
-    gate``, results/bench_gate.json): torch is 1.2-6.6x faster at n=64, G=64 and at n=256, while MLX is
-    1.7-2.8x faster at n=64 with G >= 512, where torch's threaded element-wise kernels pay for thread
-    synchronisation under load; on CUDA only torch applies. On Apple silicon MLX uses Accelerate and
-    unified memory. Pass ``backend="mlx"`` to force it.
+    with reference BLAS. Measured on the project's shared 2-core x86_64 Linux machine (``sv-attention bench
+    gate``, results/bench_gate.json, which records the machine): torch was 3.2-6.9x faster than MLX in
+    all six cells (n = 64 and 256, G = 64, 512, 4096). On Apple silicon MLX uses Accelerate and unified
+    memory (not measured here). Pass ``backend="mlx"`` (the gate's ``gate_backend`` setting) to force it.
     """
     if backend not in BACKENDS:
         raise InvalidInputError(f"backend must be one of {BACKENDS}, got {backend!r}")
