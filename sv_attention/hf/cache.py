@@ -1,19 +1,24 @@
 """The certified KV cache: a transformers ``Cache`` that evicts with a certificate and deletes exactly.
 
 :class:`CertifiedCache` stores keys and values like ``DynamicCache`` and, per (layer, batch row,
-kv-head), maintains an exact fp64 SVDD solver (:class:`~sv_attention.svdd.exact.IncrementalSVDD`) over
-the admitted long-range keys. It implements the chunk-frozen SV gate of DESIGN §2.5 and hands it to the
-``"sv_attention"`` attention function through :mod:`sv_attention.hf.gate_handoff`:
+kv-head), maintains an exact fp64 SVDD solver over the admitted long-range keys (the gate's exact path,
+:class:`~sv_attention.ops.sv_gate.exact.SolverBank`). It implements the chunk-frozen SV gate of DESIGN §2.5
+with the gate's own schedule (:mod:`sv_attention.ops.sv_gate.schedule`: boundaries, warm-up, bandwidth) and
+hands it to the ``"sv_attention"`` attention function through :mod:`sv_attention.hf.gate_handoff`:
 
-- queries in chunk ``[s, s + chunk)`` read the gate fitted on the keys at positions ``< s``: weight
-  ``alpha_j`` on the long-range prefix, 1 on the current chunk (read densely); chunk 0 and warm-up
-  (fewer than ``ceil(1/C) + 2`` admitted keys) are ungated (all weights 1);
-- at each chunk boundary the new chunk's keys are admitted to every solver (a prefill that crosses
-  several boundaries streams the solvers through them and snapshots alpha for each query chunk).
+- a query at real position ``t`` reads boundary ``s = boundary_of(t, chunk)``: weight ``alpha_j`` on the
+  row's keys at real positions ``< s``, 1 on the current chunk (read densely); chunk 0 and warm-up
+  (``is_gated`` false, or fewer than ``ceil(1/C) + 2`` admitted keys after deletions) are ungated;
+- each batch row admits its keys chunk by chunk at its own boundaries (a prefill that crosses several
+  boundaries streams the row's solvers through them and reads the gate at each).
 
 Positions, slots and masks
 --------------------------
-Every token gets a *position* (0, 1, 2, ... in arrival order). A layer's tensors hold *slots*; after
+Every token gets a *position* (0, 1, 2, ... in arrival order, padding included). Within a batch row, a
+real (non-padding) token also has a *real position*: the number of real tokens before it in that row (a
+query's real position is the number of real keys it sees minus one, as in the gate's schedule); chunk
+boundaries, warm-up and the bandwidth count real positions, so every row has its own boundaries. A
+layer's tensors hold *slots*; after
 eviction or deletion a layer holds fewer slots than positions. ``get_seq_length()`` and
 ``get_mask_sizes()`` speak in positions (``kv_length = positions seen + query length``, offset 0), so
 transformers keeps counting positions (RoPE, ``cache_position``) and builds its mask over positions.
@@ -46,13 +51,21 @@ Padding (:meth:`CertifiedCache.set_padding`)
 --------------------------------------------
 The cache does not see the model's attention mask. Left padding is declared on the fresh cache with
 ``cache.set_padding(attention_mask)`` -- automatically, by a forward pre-hook, on a model switched with
-:func:`sv_attention.enable` (the first forward's 2-D mask, when it has padding): each batch row then keeps its own admitted history (pad keys never
-enter its solvers) and starts its solvers at the first chunk boundary by which it has ``chunk`` real
-tokens, with the bandwidth of those tokens. With a pad count that is a multiple of ``chunk``, a padded row
-computes exactly what the same sequence computes alone (tested through generate and eviction); otherwise
-its boundaries stay the global ones. Without the declaration (a model switched by
-``set_attn_implementation`` alone, not declared by hand), pad keys are admitted like real keys (eviction
-stays exact, but a padded row's gate differs from the one the attention function fits itself).
+:func:`sv_attention.enable` (the first forward's 2-D mask, when it has padding): pad keys then never
+enter a row's solvers, and the row's boundaries, warm-up and bandwidth count its real tokens only, so a
+padded row computes exactly what the same sequence computes alone, for any pad count. Without the
+declaration (a model switched by ``set_attn_implementation`` alone, not declared by hand), pad keys are
+admitted like real keys (eviction stays exact, but a padded row's gate differs from the one the
+attention function fits itself).
+
+Eviction policies
+-----------------
+``CertifiedCache(config, policy=...)`` takes any policy of :mod:`sv_attention.hf.policies` (default:
+:class:`~sv_attention.hf.policies.CertifiedPolicy`). Only the certified policy on a certified bank
+evicts with a certificate (reserve tokens only: later outputs unchanged); the heuristic policies
+(heavy-hitter, recency, random) drop long-range slots to meet the budget without one, and the receipt
+says so (``certified=False``, the largest alpha dropped). Current-chunk tokens are never evicted by any
+policy (the next admission reads them).
 
 Transactions
 ------------
@@ -97,10 +110,12 @@ from sv_attention.hf.cache_receipts import (
     RestoreEvent,
     SolverDeletion,
 )
-from sv_attention.hf.cache_solvers import SolverBank
 from sv_attention.hf.gate_handoff import GateHandoff, clear_pending_gates, set_pending_gate
-from sv_attention.hf.policies import CertifiedPolicy, PolicyContext
+from sv_attention.hf.policies import CertifiedPolicy, EvictionPolicy, PolicyContext, get_policy
+from sv_attention.hf.policies.heavy_hitter import softmax_attention_mass
 from sv_attention.hf.settings import SV_NAME, SVSettings, settings_from_config
+from sv_attention.ops.sv_gate.exact import BankCertificate, SolverBank
+from sv_attention.ops.sv_gate.schedule import boundary_of, is_gated
 
 
 class CertifiedLayer(CacheLayerMixin):
@@ -112,13 +127,16 @@ class CertifiedLayer(CacheLayerMixin):
     positions : LongTensor ``[slots]`` (ascending)
     seen : int
         Positions consumed so far (what ``get_seq_length`` reports).
-    admitted_upto : int
-        Keys at positions ``< admitted_upto`` (minus forgotten ones) are in the solvers.
+    admitted : list[int]
+        Per batch row, the boundary (a real position) its solvers stand at: the row's real keys at real
+        positions ``< admitted[i]`` (minus forgotten ones) are in its solvers; 0 before the row started.
     bank : SolverBank or None
-        The solvers (created at the first chunk boundary, when the bandwidth is fixed).
+        The solvers (created when a first row reaches its first chunk boundary).
     evicted : dict[int, tuple[Tensor, Tensor] | None]
         Physically evicted positions -> their key/value ``[b, kv_heads, head_dim]`` on the offload
         device (None when there is no offload tier).
+    uncertified : set[int]
+        The evicted positions that a heuristic (uncertified) policy dropped.
     forgotten : set[int]
     """
 
@@ -131,13 +149,13 @@ class CertifiedLayer(CacheLayerMixin):
         self.layer_idx = layer_idx
         self.positions: torch.Tensor | None = None
         self.seen = 0
-        self.admitted_upto = 0
+        self.admitted: list[int] = []
         self.bank: SolverBank | None = None
         self.evicted: dict[int, tuple[torch.Tensor, torch.Tensor] | None] = {}
+        self.uncertified: set[int] = set()
         self.forgotten: set[int] = set()
-        self._snap_s = -1
-        self._snap_alpha: torch.Tensor | None = None
-        self._row: tuple[int, int, torch.Tensor] | None = None
+        self._snaps: dict[tuple[int, int], np.ndarray] = {}  # (row, boundary) -> alpha by position [h, L]
+        self._row: tuple[tuple[int, ...], int, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ CacheLayerMixin API
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -145,6 +163,7 @@ class CertifiedLayer(CacheLayerMixin):
         self.keys = key_states[..., :0, :].clone()
         self.values = value_states[..., :0, :].clone()
         self.positions = torch.zeros(0, dtype=torch.long, device=key_states.device)
+        self.admitted = [0] * key_states.shape[0]
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
@@ -228,12 +247,13 @@ class CertifiedLayer(CacheLayerMixin):
         self._row = None
 
     def invalidate_snapshot(self) -> None:
-        self._snap_s, self._snap_alpha, self._row = -1, None, None
+        """Forget the gate snapshots (the solvers changed)."""
+        self._snaps, self._row = {}, None
 
     def offload_bytes(self) -> int:
         return sum(k.nbytes + v.nbytes for kv in self.evicted.values() if kv is not None for k, v in [kv])
 
-    _SNAPSHOT_FIELDS = ("keys", "values", "positions", "seen", "admitted_upto", "is_initialized", "device")
+    _SNAPSHOT_FIELDS = ("keys", "values", "positions", "seen", "is_initialized", "device")
 
     def snapshot(self, deep: bool = True) -> dict[str, Any]:
         """Everything a mutation may change, for :meth:`rollback`.
@@ -244,7 +264,7 @@ class CertifiedLayer(CacheLayerMixin):
         """
         st = {f: getattr(self, f, None) for f in self._SNAPSHOT_FIELDS}
         st.update(bank=copy.deepcopy(self.bank) if deep else self.bank, evicted=dict(self.evicted),
-                  forgotten=set(self.forgotten))
+                  forgotten=set(self.forgotten), admitted=list(self.admitted), uncertified=set(self.uncertified))
         return st
 
     def rollback(self, st: dict[str, Any]) -> None:
@@ -252,6 +272,7 @@ class CertifiedLayer(CacheLayerMixin):
         for f in self._SNAPSHOT_FIELDS:
             setattr(self, f, st[f])
         self.bank, self.evicted, self.forgotten = st["bank"], st["evicted"], st["forgotten"]
+        self.admitted, self.uncertified = list(st["admitted"]), set(st["uncertified"])
         self.invalidate_snapshot()
 
 
@@ -270,9 +291,22 @@ class CertifiedCache(Cache):
     offload : "cpu", a torch.device, or None
         Where evicted keys/values go (to be restored if a later admission revives them). None discards
         them; a revival is then recorded as a loss of exactness.
+    policy : EvictionPolicy, str or None
+        The eviction policy of :meth:`evict`: an instance from :mod:`sv_attention.hf.policies` or its name
+        (``"certified"``, ``"h2o"``, ``"recency"``, ``"random"``). None: :class:`CertifiedPolicy`, the
+        only one whose evictions are certified.
     **overrides
-        Any ``"sv_attention"`` hyperparameter (``nu``, ``C``, ``n0``, ``chunk``, ``sigma``, ``gate``),
+        Any ``"sv_attention"`` hyperparameter (``nu``, ``C``, ``n0``, ``chunk``, ``sigma``, ``gated``),
         overriding the config.
+
+    Raises
+    ------
+    ConfigError
+        An unknown policy name.
+    InvalidInputError
+        ``policy`` is neither a name nor an :class:`EvictionPolicy`; no config and no ``num_layers``.
+    UnsupportedFeatureError
+        A model with sliding-window layers.
 
     Examples
     --------
@@ -283,7 +317,7 @@ class CertifiedCache(Cache):
     """
 
     def __init__(self, config: Any = None, *, num_layers: int | None = None, offload: Any = "cpu",
-                 **overrides: Any) -> None:
+                 policy: EvictionPolicy | str | None = None, **overrides: Any) -> None:
         text_cfg = config.get_text_config(decoder=True) if config is not None else None
         base = settings_from_config(text_cfg if text_cfg is not None else config, SV_NAME).to_dict() \
             if config is not None else SVSettings().to_dict()
@@ -298,10 +332,18 @@ class CertifiedCache(Cache):
                 raise UnsupportedFeatureError(
                     f"CertifiedCache supports full-attention layers only, got layer_types {sorted(set(types))}; "
                     "use the model's own cache for sliding-window / hybrid models")
+        if policy is None:
+            policy = CertifiedPolicy()
+        elif isinstance(policy, str):
+            policy = get_policy(policy)
+        if not isinstance(policy, EvictionPolicy):
+            raise InvalidInputError(f"policy must be an EvictionPolicy from sv_attention.hf.policies or its name, got "
+                                    f"{policy!r}")
+        self.policy: EvictionPolicy = policy
         self.offload_device = None if offload is None else torch.device(offload)
         self.restore_events: list[RestoreEvent] = []
         self._step: tuple[int, int, dict[int, dict[str, Any]]] | None = None  # (p0, restore events, snapshots)
-        self._valid: np.ndarray | None = None  # [b, L] bool: real tokens (set_padding); None: no padding
+        self._valid = None  # [b, L] bool: real tokens (set_padding); None: no padding
         self._config = text_cfg
         super().__init__(layers=[CertifiedLayer(i) for i in range(num_layers)])
 
@@ -320,11 +362,22 @@ class CertifiedCache(Cache):
         """``ceil(1/C) + 2``: fewest admitted keys for which a layer's gate is active."""
         return self.settings.warmup
 
+    @property
+    def _valid(self) -> np.ndarray | None:
+        """Bool ``[b, L]``: True where a position ``< L`` holds a real token (:meth:`set_padding`); None: no padding."""
+        return self._valid_mask
+
+    @_valid.setter
+    def _valid(self, valid: np.ndarray | None) -> None:
+        self._valid_mask = valid
+        self._real_upto = None if valid is None else np.cumsum(valid, axis=1)  # real tokens at positions <= p
+
     # ------------------------------------------------------------------ transformers API
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new keys/values of ``layer_idx``, admit completed chunks into the solvers, and
-        deposit the gate for the returned slots (:func:`~sv_attention.hf.gate_handoff.set_pending_gate`).
+        """Store the new keys/values of ``layer_idx``, admit completed chunks into the solvers (each row at
+        its own boundaries), and deposit the gate for the returned slots
+        (:func:`~sv_attention.hf.gate_handoff.set_pending_gate`).
 
         Accepts the 5.24 call ``update(k, v, layer_idx, kwargs=...)`` and the older
         ``update(k, v, layer_idx, cache_kwargs)``; the extra arguments are not needed.
@@ -339,9 +392,8 @@ class CertifiedCache(Cache):
                                     f"{key_states.shape[0]}; declare the padding of this batch")
         p0 = layer.seen
         q = key_states.shape[-2]
-        # a call that crosses a chunk boundary admits keys into the solvers: snapshot them first
-        admits = layer.is_initialized and ((p0 + q - 1) // self.chunk) * self.chunk > layer.admitted_upto
-        st = layer.snapshot(deep=admits)
+        # a call that takes some row past its admitted boundary admits keys into the solvers: snapshot them first
+        st = layer.snapshot(deep=layer.is_initialized and self._admits(layer, p0 + q - 1))
         if self._step is None or self._step[0] != p0:
             self._step = (p0, len(self.restore_events), {})
         self._step[2][layer_idx] = st
@@ -414,8 +466,9 @@ class CertifiedCache(Cache):
 
     def _check_certifiable(self) -> None:
         if not self.settings.gated:
-            raise UnsupportedFeatureError("the SV gate is disabled (gated=False): reserve tokens are not inert "
-                                          "then, so no eviction can be certified; enable the gate")
+            raise UnsupportedFeatureError("the SV gate is disabled (gated=False): the cache admits no long-range "
+                                          "tokens and reserve tokens are not inert, so it has nothing to evict; "
+                                          "enable the gate")
         if not self._gate_consumed():
             impl = getattr(self._config, "_attn_implementation", None)
             raise UnsupportedFeatureError(
@@ -436,82 +489,109 @@ class CertifiedCache(Cache):
         self._transaction(f"crop({max_length})", self._truncate, max(0, m))
 
     # ------------------------------------------------------------------ gate
+    def _boundaries(self, positions: np.ndarray, b: int) -> np.ndarray:
+        """Int ``[b, n]``: the boundary (a real position) each row's query at ``positions`` reads
+        (:func:`~sv_attention.ops.sv_gate.schedule.boundary_of` of its real position; 0 for a query that sees
+        no real key)."""
+        qreal = self._query_real(positions, b)
+        return boundary_of(torch.from_numpy(qreal).clamp_min(0), self.chunk).numpy()
+
+    def _admits(self, layer: CertifiedLayer, last: int) -> bool:
+        """Whether a call whose last query is at position ``last`` takes some row past its admitted boundary."""
+        if not self.settings.gated or not layer.admitted:
+            return False
+        bnd = self._boundaries(np.array([last]), len(layer.admitted))[:, 0]
+        return any(s >= self.chunk and s > a for s, a in zip(bnd.tolist(), layer.admitted, strict=True))
+
     def _gate(self, layer: CertifiedLayer, p0: int, q: int) -> torch.Tensor:
-        """Gate weights ``[b, kv_heads, q, slots]`` for queries at positions ``p0 .. p0+q-1``."""
-        c = self.chunk
+        """Gate weights ``[b, kv_heads, q, slots]`` for queries at positions ``p0 .. p0+q-1``.
+
+        Row ``i``'s query at real position ``t`` reads boundary ``s = boundary_of(t)``: alpha of the row's
+        solvers (streamed to hold its real keys at real positions ``< s``) on those keys, 1 on the rest;
+        all ones when ``s`` is not gated (chunk 0, warm-up) or the row fell back to warm-up after deletions.
+        """
         b, h = layer.keys.shape[0], layer.keys.shape[1]
-        slots = layer.n_slots
         dtype, device = layer.keys.dtype, layer.keys.device
         if not self.settings.gated:
-            return torch.ones(b, h, q, slots, dtype=dtype, device=device)
-        starts = sorted({(t // c) * c for t in range(p0, p0 + q)})
-        # decode fast path: same chunk as the previous call, one new slot appended
-        if q == 1 and layer._row is not None and layer._row[0] == starts[0] and layer._row[1] == slots - 1:
+            return torch.ones(b, h, q, layer.n_slots, dtype=dtype, device=device)
+        bnd = self._boundaries(np.arange(p0, p0 + q), b)  # [b, q]
+        key = tuple(int(x) for x in bnd[:, -1])
+        # decode fast path: every row reads the boundary of the previous call, one new slot appended
+        if (q == 1 and layer._row is not None and layer._row[0] == key and layer._row[1] == layer.n_slots - 1):
             row = torch.cat([layer._row[2], torch.ones(b, h, 1, dtype=dtype, device=device)], dim=-1)
-            layer._row = (starts[0], slots, row)
+            layer._row = (key, layer.n_slots, row)
             return row[:, :, None, :]
-        snaps: list[torch.Tensor | None] = []
-        for s in starts:
-            if s > 0:
-                self._advance(layer, s)
-            snaps.append(self._snapshot(layer, s))
-        pos = layer.positions
-        slots = layer.n_slots
-        rows = []
-        for s, alpha in zip(starts, snaps, strict=True):
-            if alpha is None:
-                rows.append(torch.ones(b, h, slots, dtype=dtype, device=device))
-            else:
-                gathered = alpha.index_select(-1, pos.clamp(max=s - 1).to(alpha.device))
-                rows.append(torch.where((pos < s).to(device), gathered, torch.ones_like(gathered)))
-        layer._row = (starts[-1], slots, rows[-1])
-        if len(rows) == 1:
-            return rows[0][:, :, None, :].expand(b, h, q, slots)
-        R = torch.stack(rows, dim=2)  # [b, h, n_starts, slots]
-        qchunk = torch.tensor([starts.index((t // c) * c) for t in range(p0, p0 + q)], device=device)
-        return R.index_select(2, qchunk)
-
-    def _snapshot(self, layer: CertifiedLayer, s: int) -> torch.Tensor | None:
-        """Alpha by position ``[b, h, s]`` of the gate fitted on positions ``< s`` (None: ungated)."""
-        if s == 0 or layer.bank is None or not layer.bank.gated:
-            return None
-        if layer._snap_s != s or layer._snap_alpha is None:
-            layer._snap_alpha = layer.bank.alpha_dense(s, layer.keys.dtype, layer.keys.device)
-            layer._snap_s = s
-        return layer._snap_alpha
-
-    def _advance(self, layer: CertifiedLayer, s: int) -> None:
-        """Admit the real (non-padding) keys at positions ``[admitted_upto, s)`` into the solvers of the
-        started rows; start every row that now has its first chunk of real keys (its bandwidth from those
-        keys) and admit its real keys at positions ``< s``."""
-        if layer.admitted_upto >= s:
-            return
+        # stream each row's solvers through its boundaries, reading its gate at each (admissions may restore
+        # evicted slots, so the slots are read only once every row has advanced)
+        need = [sorted(set(bnd[i].tolist())) for i in range(b)]
+        alphas: dict[tuple[int, int], np.ndarray | None] = {}
+        for i in range(b):
+            for s in need[i]:
+                self._advance_row(layer, i, s)
+                alphas[i, s] = self._snapshot(layer, i, s)
         pos = layer.slot_positions()
+        real = self._real_positions(pos, b)  # [b, slots]
+        slots = pos.size
+        table, index = [], np.zeros((b, q), dtype=np.int64)
+        for i in range(b):
+            for s in need[i]:
+                alpha = alphas[i, s]
+                if alpha is None:
+                    w = np.ones((h, slots))
+                else:
+                    adm = (real[i] >= 0) & (real[i] < s) & (pos < alpha.shape[1])
+                    w = np.ones((h, slots))
+                    w[:, adm] = alpha[:, pos[adm]]
+                index[i, bnd[i] == s] = len(table)
+                table.append(w)
+        W = torch.from_numpy(np.stack(table)).to(device=device, dtype=dtype)  # [rows read, h, slots]
+        layer._row = (key, slots, W[index[:, -1]])
+        if len(table) == b and all(len(n) == 1 for n in need):  # one boundary per row
+            return W[:, :, None, :].expand(b, h, q, slots)
+        return W[torch.from_numpy(index).to(device)].permute(0, 2, 1, 3)
+
+    def _snapshot(self, layer: CertifiedLayer, i: int, s: int) -> np.ndarray | None:
+        """Row ``i``'s gate at boundary ``s`` by position, float64 ``[h, seen]`` (None: ungated there)."""
+        bank = layer.bank
+        if (not is_gated(s, self.chunk, self.warmup_size) or bank is None or not bank.started(i)
+                or not bank.row_gated(i)):
+            return None
+        snap = layer._snaps.get((i, s))
+        if snap is None:  # the row's admitted positions are < seen; the snapshot lives until the solvers change
+            snap = layer._snaps[i, s] = bank.alpha_row(i, layer.seen)
+        return snap
+
+    def _advance_row(self, layer: CertifiedLayer, i: int, s: int) -> None:
+        """Bring row ``i``'s solvers to boundary ``s`` (a real position): admit the row's real keys at real
+        positions ``[admitted, s)``, one chunk at a time (as a token-by-token decode would); the first time,
+        start the row's solvers with the bandwidth of its first ``chunk`` real keys
+        (:func:`~sv_attention.ops.sv_gate.schedule.bandwidth`)."""
+        c = self.chunk
+        lo = layer.admitted[i]
+        if s < c or lo >= s:
+            return
         b, h = layer.keys.shape[0], layer.keys.shape[1]
         if layer.bank is None:
             layer.bank = SolverBank.empty(self.C, b, h)
         bank = layer.bank
-        valid = self._valid_at(pos, b)  # [b, slots]
+        pos = layer.slot_positions()
+        real = self._real_positions(pos, b)[i]
         dev = layer.keys.device
-        revived: set[int] = set()
-        rows = [i for i in range(b) if bank.started(i)]
-        sel = np.flatnonzero((pos >= layer.admitted_upto) & (pos < s))
-        if sel.size and rows:
-            idx = torch.from_numpy(sel).to(dev)
-            revived |= bank.admit(layer.keys.index_select(-2, idx), pos[sel], valid[:, sel], rows=rows).readmitted
-        for i in range(b):
-            first = self._first_chunk_end(i, s)
-            if bank.started(i) or first is None:
-                continue
-            lead = np.flatnonzero(valid[i] & (pos <= first))
+        if not bank.started(i):
+            lead = np.flatnonzero((real >= 0) & (real < c))
             keys_i = layer.keys[i].index_select(-2, torch.from_numpy(lead).to(dev))
-            bank.start_row(i, SolverBank.bandwidth(keys_i, self.settings.sigma), s)
-            sel = np.flatnonzero(valid[i] & (pos < s))
-            if sel.size:
-                idx = torch.from_numpy(sel).to(dev)
-                revived |= bank.admit(layer.keys.index_select(-2, idx), pos[sel], rows=[i]).readmitted
-        self._restore(layer, revived, trigger=f"admission of chunk ending at position {s}")
-        layer.admitted_upto = s
+            bank.start_row(i, SolverBank.bandwidth(keys_i, self.settings.sigma, c), c)
+            lo = 0
+        revived: set[int] = set()
+        sel = np.flatnonzero((real >= lo) & (real < s))
+        if sel.size:
+            kd = layer.keys[i].index_select(-2, torch.from_numpy(sel).to(dev)).detach().to("cpu", torch.float64).numpy()
+            for start in range(lo, s, c):
+                blk = (real[sel] >= start) & (real[sel] < start + c)
+                if blk.any():
+                    revived |= bank.admit_row(i, kd[:, blk], pos[sel][blk]).readmitted
+        layer.admitted[i] = s
+        self._restore(layer, revived, trigger=f"admission of batch row {i}'s chunk ending at real position {s}")
         layer.invalidate_snapshot()
 
     # ------------------------------------------------------------------ padding
@@ -523,11 +603,11 @@ class CertifiedCache(Cache):
     def set_padding(self, attention_mask: torch.Tensor) -> None:
         """Declare which of the first positions are padding, per batch row (before the first forward).
 
-        Padding keys then never enter a row's solvers: each row's gate is fitted on its real keys only,
-        and a row's chunk boundaries count its real tokens (a row starts its solvers once it has
-        ``chunk`` real keys, with the bandwidth of those keys). With as many pads as a multiple of the
-        chunk, a left-padded row then computes exactly what the same sequence computes alone. The model
-        still needs the same ``attention_mask`` (``generate`` passes it) to mask the pad slots.
+        Padding keys then never enter a row's solvers, and the row's chunk boundaries, warm-up and
+        bandwidth count its real tokens (a query's real position is the number of real keys it sees minus
+        one), so a left-padded row computes exactly what the same sequence computes alone, for any pad
+        count. The model still needs the same ``attention_mask`` (``generate`` passes it) to mask the pad
+        slots, and position ids that count real tokens (``generate`` builds them from the mask).
 
         Parameters
         ----------
@@ -549,30 +629,65 @@ class CertifiedCache(Cache):
                                     "fresh cache (or after reset()) before the first forward")
         self._valid = m.to(torch.bool).numpy().copy()
 
+    def _check_rows(self, b: int) -> None:
+        if self._valid is not None and self._valid.shape[0] != b:
+            raise InvalidInputError(f"set_padding declared {self._valid.shape[0]} batch rows, the model runs {b}; "
+                                    "declare the padding of this batch")
+
     def _valid_at(self, positions: np.ndarray, b: int) -> np.ndarray:
         """Bool ``[b, len(positions)]``: True where the position holds a real token in that row."""
         positions = np.asarray(positions, dtype=np.int64)
         out = np.ones((b, positions.size), dtype=bool)
         if self._valid is None:
             return out
-        if self._valid.shape[0] != b:
-            raise InvalidInputError(f"set_padding declared {self._valid.shape[0]} batch rows, the model runs {b}; "
-                                    "declare the padding of this batch")
+        self._check_rows(b)
         inside = positions < self._valid.shape[1]
         out[:, inside] = self._valid[:, positions[inside]]
         return out
 
-    def _first_chunk_end(self, i: int, s: int) -> int | None:
-        """The position of row ``i``'s ``chunk``-th real token when it is ``< s``, else None."""
-        c = self.chunk
+    def _query_real(self, positions: np.ndarray, b: int) -> np.ndarray:
+        """Int ``[b, n]``: a query's real position, the number of real keys it sees (positions ``<= p``) minus one
+        (-1 for a query that sees none)."""
+        positions = np.asarray(positions, dtype=np.int64)
         if self._valid is None:
-            return c - 1 if s >= c else None
+            return np.broadcast_to(positions, (b, positions.size)).copy()
+        self._check_rows(b)
         L = self._valid.shape[1]
-        real = np.flatnonzero(self._valid[i, : min(s, L)])
-        if real.size >= c:
-            return int(real[c - 1])
-        p = L + (c - real.size) - 1  # every position >= L is real
-        return p if p < s else None
+        upto = self._real_upto  # [b, L]
+        out = np.empty((b, positions.size), dtype=np.int64)
+        inside = positions < L
+        out[:, inside] = upto[:, positions[inside]] - 1
+        out[:, ~inside] = upto[:, -1:] + (positions[~inside] - L)[None, :] if L else positions[~inside][None, :]
+        return out
+
+    def _real_positions(self, positions: np.ndarray, b: int) -> np.ndarray:
+        """Int ``[b, n]``: each key's real position in each row (its index among the row's real tokens), -1
+        where it is padding."""
+        real = self._query_real(positions, b)
+        return np.where(self._valid_at(positions, b), real, -1)
+
+    def _local(self, layer: CertifiedLayer, positions: np.ndarray) -> np.ndarray:
+        """Bool ``[n]``: True where some row holds the position as a real token it has not admitted (its current
+        chunk, or a row whose solvers have not started): read densely there, never evicted."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if not layer.admitted or positions.size == 0:
+            return np.zeros(positions.size, dtype=bool)
+        real = self._real_positions(positions, len(layer.admitted))
+        return ((real >= 0) & (real >= np.asarray(layer.admitted)[:, None])).any(axis=0)
+
+    def _active(self, layer: CertifiedLayer, positions: np.ndarray) -> np.ndarray:
+        """Bool ``[n]``: True where some row holds the position as a real token active (not evicted at the solver
+        level) in one of its solvers."""
+        positions = np.asarray(positions, dtype=np.int64)
+        out = np.zeros(positions.size, dtype=bool)
+        bank = layer.bank
+        if bank is None or positions.size == 0:
+            return out
+        valid = self._valid_at(positions, bank.shape[0])
+        for i in range(bank.shape[0]):
+            if bank.started(i):
+                out |= valid[i] & np.isin(positions, list(bank.active_row(i)))
+        return out
 
     def _restore(self, layer: CertifiedLayer, revived: set[int], trigger: str) -> list[RestoreEvent]:
         """Bring back physically evicted tokens that a solver re-admitted."""
@@ -581,6 +696,7 @@ class CertifiedCache(Cache):
             if p not in layer.evicted:
                 continue  # still present in this layer (evicted in some heads only)
             kv = layer.evicted.pop(p)
+            layer.uncertified.discard(p)
             if kv is not None:
                 layer.insert(p, kv[0], kv[1])
                 ev = RestoreEvent(layer.layer_idx, p, True, trigger)
@@ -610,7 +726,7 @@ class CertifiedCache(Cache):
         return {
             "kv_bytes": self.memory_bytes(),
             "offload_bytes": sum(layer.offload_bytes() for layer in self.layers),
-            "gate_bytes": sum(layer._snap_alpha.nbytes for layer in self.layers if layer._snap_alpha is not None),
+            "gate_bytes": sum(a.nbytes for layer in self.layers for a in layer._snaps.values()),
             "solver_bytes": sum(layer.bank.nbytes() for layer in self.layers if layer.bank is not None),
         }
 
@@ -619,14 +735,21 @@ class CertifiedCache(Cache):
 
     # ------------------------------------------------------------------ eviction
     def evict(self, budget: int | None = None) -> EvictionReceipt:
-        """Certified eviction: only tokens whose alpha is exactly 0 in every solver of a layer leave it.
+        """Evict long-range key/value slots with the cache's policy (:attr:`policy`).
+
+        With the certified policy (the default) only tokens whose alpha is exactly 0 in every solver of a
+        layer that holds them (every batch row where they are real tokens) leave it, so every later output is
+        unchanged. A heuristic policy (heavy-hitter, recency, random) drops long-range slots to meet the
+        budget whatever their alpha: not certified, and the receipt says so. Current-chunk tokens (of any
+        row) are never evicted.
 
         Parameters
         ----------
         budget : int or None
-            Target number of slots per layer. None evicts every certified-inert token. A certified
-            eviction never drops a support vector or a current-chunk token, so the budget may be
-            missed (``receipt.budget_met``); it is then filled with the most recent reserve tokens.
+            Target number of slots per layer. None (certified policy only) evicts every certified-inert
+            token. A certified eviction never drops a support vector, so the budget may be missed
+            (``receipt.budget_met``); it is then filled with the most recent reserve tokens. Every policy
+            keeps the current-chunk tokens, so a budget below their number is missed too.
 
         Returns
         -------
@@ -635,19 +758,25 @@ class CertifiedCache(Cache):
         Raises
         ------
         InvalidInputError
-            ``budget`` is not an integer, or is below the warm-up threshold ``ceil(1/C) + 2`` (no
-            certificate can exist for fewer keys). The cache is unchanged.
+            ``budget`` is not a non-negative integer; None with a heuristic policy; with the certified
+            policy, below the warm-up threshold ``ceil(1/C) + 2`` (no certificate can exist for fewer keys).
+            The cache is unchanged.
         UnsupportedFeatureError
-            The model does not run the ``"sv_attention"`` function (or the gate is disabled): the gate
-            would not be applied, so no eviction is certified. The cache is unchanged.
+            The model does not run the ``"sv_attention"`` function (it would read the remaining slots by
+            column index, or ignore the gate), or the gate is disabled. The cache is unchanged.
         SolverError
             An unexpected failure part-way; the cache is rolled back to its state before the call.
         """
         self._check_certifiable()
-        if budget is not None:
-            if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
-                raise InvalidInputError(f"budget must be an integer or None, got {budget!r}")
-            if budget < self.warmup_size:
+        certified = self.policy.certified
+        if budget is None:
+            if not certified:
+                raise InvalidInputError(f"policy {self.policy.name!r} needs a budget (slots per layer); only the "
+                                        "certified policy evicts 'every inert token' with budget=None")
+        else:
+            if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
+                raise InvalidInputError(f"budget must be a non-negative integer or None, got {budget!r}")
+            if certified and budget < self.warmup_size:
                 raise InvalidInputError(
                     f"budget {budget} is below the warm-up threshold ceil(1/C)+2 = {self.warmup_size} "
                     f"(C = {self.C:.4g}): no certificate exists for fewer keys; pass budget >= {self.warmup_size}")
@@ -661,35 +790,58 @@ class CertifiedCache(Cache):
                                offload_bytes=sum(layer.offload_bytes() for layer in self.layers),
                                elapsed_s=time.perf_counter() - t0)
 
+    def _attention_mass(self, layer: CertifiedLayer, pos: np.ndarray) -> np.ndarray:
+        """The heavy-hitter score of every slot ``[slots]``: the causal softmax attention mass it receives,
+        summed over batch rows and kv-heads, with the layer's cached keys standing in for the queries (the
+        cache never sees the queries); padding neither gives nor receives mass."""
+        b, h = layer.keys.shape[0], layer.keys.shape[1]
+        valid = self._valid_at(pos, b)
+        mass = np.zeros(pos.size)
+        kd = layer.keys.detach().to("cpu", torch.float64).numpy()
+        for i in range(b):
+            sel = np.flatnonzero(valid[i])
+            for j in range(h):
+                x = kd[i, j, sel]
+                mass[sel] += softmax_attention_mass(x, x, causal=True, query_positions=pos[sel], key_positions=pos[sel])
+        return mass
+
     def _evict_layer(self, layer: CertifiedLayer, budget: int | None) -> LayerEviction:
+        policy = self.policy
         n0 = layer.n_slots
         pos = layer.slot_positions()
-        n_local = int((pos >= layer.admitted_upto).sum())
+        local = self._local(layer, pos)
+        n_local = int(local.sum())
         bank = layer.bank
         n_adm = len(bank.history) if bank is not None else 0
+        b = layer.keys.shape[0] if layer.is_initialized else 0
+        frac = bank.reserve_fraction() if bank is not None else [[0.0] * layer.keys.shape[1] for _ in range(b)]
+        cert = bank.certified() if bank is not None else \
+            BankCertificate(False, "no chunk boundary yet: nothing admitted, no certificate", 0.0)
 
         def skipped(reason: str, kkt: float = 0.0) -> LayerEviction:
-            return LayerEviction(layer.layer_idx, False, reason, n0, n0, n_adm, n_local, [], (), 0.0, kkt)
+            return LayerEviction(layer.layer_idx, False, reason, n0, n0, n_adm, n_local, frac, (), 0.0, kkt,
+                                 policy=policy.name)
 
+        if policy.certified and not cert.certified:
+            return skipped(cert.reason, cert.kkt_max)
         if bank is None:
-            return skipped("no chunk boundary yet: nothing admitted, no certificate")
-        ok, reason, kkt = bank.certified()
-        if not ok:
-            return skipped(reason, kkt)
-        frac = bank.reserve_fraction()
-        gated_rows = [i for i in range(bank.shape[0]) if bank.row_gated(i)]
-        alpha_before = bank.alpha_dense(layer.admitted_upto, torch.float64, torch.device("cpu"))[gated_rows]
-        bank.evict_reserve()
-        active = bank.active_positions()
-        cand = pos[pos < layer.admitted_upto]
-        # a token stays when some solver holds it active, or when it is a real token of a row whose solvers
-        # have not started (no certificate there)
-        support = np.isin(cand, list(active))
-        waiting = [i for i in range(bank.shape[0]) if not bank.started(i)]
-        if waiting and cand.size:
-            support |= self._valid_at(cand, bank.shape[0])[waiting].any(axis=0)
-        target = int(support.sum()) if budget is None else max(0, budget - n_local)
-        dec = CertifiedPolicy().select(PolicyContext(positions=cand, support=support), target)
+            return skipped(f"policy {policy.name!r}: no chunk boundary yet, no long-range token to evict")
+        # the gate each row reads now: alpha on its admitted keys (gated rows), 1 (ungated rows)
+        alpha_before = np.stack([bank.alpha_row(i, layer.seen) for i in range(b)])  # [b, h, seen]
+        if policy.certified:
+            bank.evict_reserve()
+        cand = pos[~local]
+        support = self._active(layer, cand)  # certified policy: every position some row still needs
+        if not policy.certified:  # informative only: a heuristic policy does not need it
+            support = (alpha_before[:, :, cand] > 0).any(axis=(0, 1))
+        ctx = PolicyContext(positions=cand, support=support,
+                            attention_mass=self._attention_mass(layer, pos)[~local] if "attention_mass" in policy.needs
+                            else None)
+        if budget is None:
+            target = int(support.sum())
+        else:
+            target = max(0, budget - n_local)
+        dec = policy.select(ctx, target)
         drop = [int(p) for p in cand[~dec.keep]]
         if drop:
             idx = torch.from_numpy(np.flatnonzero(np.isin(pos, drop))).to(layer.keys.device)
@@ -700,11 +852,19 @@ class CertifiedCache(Cache):
                 else:
                     layer.evicted[p] = (ks[:, :, n].to(self.offload_device, copy=True),
                                         vs[:, :, n].to(self.offload_device, copy=True))
+            if not policy.certified:
+                layer.uncertified.update(drop)
             layer.drop_positions(set(drop))
-        _, _, kkt = bank.certified()
-        max_alpha = float(alpha_before[:, :, drop].max()) if drop else 0.0
-        return LayerEviction(layer.layer_idx, True, reason, n0, layer.n_slots, n_adm, n_local, frac, tuple(drop),
-                             len(drop) / n_adm if n_adm else 0.0, kkt, max_alpha)
+        # the largest weight a dropped token carried in a row where it is a real token
+        real = self._valid_at(np.asarray(drop, dtype=np.int64), b)
+        held = [alpha_before[i][:, drop][:, real[i]] for i in range(b)] if drop else []
+        max_alpha = max((float(x.max()) for x in held if x.size), default=0.0)
+        kkt = bank.certified().kkt_max
+        ok = policy.certified and cert.certified
+        reason = cert.reason if ok else (f"policy {policy.name!r} evicts without a certificate (dropped tokens held "
+                                         f"alpha up to {max_alpha:.3g}); the bank: {cert.reason}")
+        return LayerEviction(layer.layer_idx, ok, reason, n0, layer.n_slots, n_adm, n_local, frac, tuple(drop),
+                             len(drop) / n_adm if n_adm else 0.0, kkt, max_alpha, policy=policy.name)
 
     # ------------------------------------------------------------------ deletion
     def _check_positions(self, positions: Any) -> list[int]:
@@ -804,11 +964,11 @@ class CertifiedCache(Cache):
         for layer in self.layers:
             bank = layer.bank
             long = [p for p in lst if bank is not None and p in bank.history]
-            waiting = [] if bank is None else [i for i in range(bank.shape[0]) if not bank.started(i)]
-            for p in lst:
+            local = self._local(layer, np.array(lst, dtype=np.int64))
+            for p, loc in zip(lst, local.tolist(), strict=True):
                 path = PATH_EXACT if p in long else PATH_LOCAL
-                if p in long and waiting and self._valid_at(np.array([p]), bank.shape[0])[waiting].any():
-                    path = f"{PATH_EXACT} (rows with solvers), {PATH_LOCAL} (rows not started)"
+                if p in long and loc:  # admitted by some rows, in the current chunk (or not started) of others
+                    path = f"{PATH_EXACT} (rows that admitted it), {PATH_LOCAL} (rows that did not yet)"
                 if paths.get(p, path) != path and path in (PATH_EXACT, PATH_LOCAL):
                     path = f"{PATH_EXACT} (some layers), {PATH_LOCAL} (others)"
                 paths[p] = path
@@ -829,6 +989,7 @@ class CertifiedCache(Cache):
                                   "the gate falls back to warm-up (ungated softmax)", stacklevel=3)
             for p in lst:
                 layer.evicted.pop(p, None)
+            layer.uncertified.difference_update(lst)
             layer.drop_positions(set(lst))
             layer.forgotten.update(lst)
             layer.invalidate_snapshot()
@@ -870,69 +1031,65 @@ class CertifiedCache(Cache):
 
     # ------------------------------------------------------------------ re-encoding / truncation
     def _truncate(self, m: int) -> None:
-        """Keep positions ``< m`` only. A layer that keeps every admitted position keeps its solvers exactly
-        as they are (``crop(seen)`` changes nothing); otherwise its solvers are rebuilt from their stored fp64
-        keys so that they hold exactly what a cache that saw only those ``m`` positions would hold."""
+        """Keep positions ``< m`` only. A batch row whose boundary stays where it is keeps its solvers exactly
+        as they are (``crop(seen)`` changes nothing); the solvers of a row whose boundary moves back are
+        rebuilt from their stored fp64 keys, chunk by chunk, so that they hold exactly what a cache that saw
+        only those ``m`` positions would hold."""
         c = self.chunk
-        target = ((m - 1) // c) * c if m > 0 else 0
         for layer in self.layers:
             if not layer.is_initialized:
                 continue
             drop = {int(p) for p in layer.slot_positions() if p >= m}
             layer.drop_positions(drop)
             layer.evicted = {p: kv for p, kv in layer.evicted.items() if p < m}
+            layer.uncertified = {p for p in layer.uncertified if p < m}
             layer.forgotten = {p for p in layer.forgotten if p < m}
             layer.seen = min(layer.seen, m)
+            b = len(layer.admitted)
+            # each row's boundary after the truncation: the one its last kept query reads (0 before chunk 1)
+            target = self._boundaries(np.array([m - 1]), b)[:, 0].tolist() if m > 0 else [0] * b
+            target = [t if t >= c else 0 for t in target]
             bank = layer.bank
-            if bank is not None and target >= layer.admitted_upto:
-                # every admitted position is kept: the solvers stay exactly as they are
+            rebuild = [i for i in range(b) if target[i] < layer.admitted[i]]
+            layer.admitted = [min(a, t) for a, t in zip(layer.admitted, target, strict=True)]
+            if bank is None or not rebuild:  # every admitted position is kept: the solvers stay as they are
                 layer.invalidate_snapshot()
                 continue
-            if bank is not None:
-                keys = self._history_keys(bank)  # {(row, kv-head): {pos: key}}
-                if target < c:
-                    layer.bank = None
-                else:
-                    b, h = bank.shape
-                    new = SolverBank.empty(bank.C, b, h)
-                    for i in range(b):
-                        start = bank.row_start[i] if bank.row_start[i] is not None else c
-                        if not bank.started(i) or start > target:
-                            continue
-                        new.start_row(i, bank.sigma[i], start)
-                        hist = sorted(p for p in bank.row_history[i] if p < target)
-                        # replay the admissions a fresh cache makes: all keys before the row's start, then chunks
-                        blocks = [[p for p in hist if p < start]]
-                        blocks += [[p for p in hist if lo <= p < lo + c] for lo in range(start, target, c)]
-                        for blk in blocks:
-                            if not blk:
-                                continue
-                            for j, sv in enumerate(new.solvers[i]):
-                                sv.add(np.stack([keys[i, j][p] for p in blk]), ids=blk)
-                            new.row_history[i].update(blk)
-                    layer.bank = new
-            layer.admitted_upto = min(layer.admitted_upto, target)
-            self._reevict(layer, trigger=f"rebuild of the cache for the first {m} positions")
+            keys = self._history_keys(bank)  # {(row, kv-head): {pos: key}}
+            for i in rebuild:
+                sigma = bank.sigma[i].copy()
+                hist = np.array(sorted(bank.row_history[i]), dtype=np.int64)
+                bank.clear_row(i)
+                if target[i] < c:
+                    continue
+                bank.start_row(i, sigma, c)
+                real = self._real_positions(hist, b)[i]
+                for lo in range(0, target[i], c):  # the admissions a fresh cache makes: one chunk at a time
+                    blk = hist[(real >= lo) & (real < lo + c)]
+                    if blk.size:
+                        kd = np.stack([np.stack([keys[i, j][int(p)] for p in blk]) for j in range(bank.shape[1])])
+                        bank.admit_row(i, kd, blk)
+            if not any(bank.started(i) for i in range(b)):
+                layer.bank = None
+            self._reevict(layer, trigger=f"rebuild of the cache for the first {m} positions", rows=rebuild)
             layer.invalidate_snapshot()
 
-    def _reevict(self, layer: CertifiedLayer, trigger: str) -> None:
-        """After a rebuild, keep the layer's physically evicted tokens certified: those still admitted go
-        back into the solvers' evicted stores (re-checked at every later admission); a token that is not
-        reserve in the rebuilt solvers, that is no longer admitted (it is in the current chunk again, read
-        densely), or that is a real token of a row whose solvers have not started, is restored."""
+    def _reevict(self, layer: CertifiedLayer, trigger: str, rows: list[int] | None = None) -> None:
+        """After a rebuild (of ``rows``; None: every row), keep the layer's physically evicted tokens
+        evicted where that stays exact: tokens still admitted go back into the solvers' evicted stores
+        (re-checked at every later admission). A token that some row no longer has admitted (its current
+        chunk again, or a row not started) is restored, and so is a certified-evicted token that is not
+        reserve in the rebuilt solvers of a row where it is real. (Tokens a heuristic policy dropped stay
+        dropped while admitted.)"""
         if not layer.evicted:
             return
-        bank = layer.bank
-        held: set[int] = set(layer.evicted)
-        if bank is not None:
-            bank.evict_reserve()
-            hist = bank.history
-            held = {p for p in layer.evicted if p not in hist} | (set(layer.evicted) & bank.active_positions())
-            waiting = [i for i in range(bank.shape[0]) if not bank.started(i)]
-            if waiting:
-                ev = np.array(sorted(layer.evicted), dtype=np.int64)
-                held |= {int(p) for p in ev[self._valid_at(ev, bank.shape[0])[waiting].any(axis=0)]}
-        self._restore(layer, held, trigger=trigger)
+        if layer.bank is not None:
+            layer.bank.evict_reserve(rows=rows)
+        ev = np.array(sorted(layer.evicted), dtype=np.int64)
+        restore = self._local(layer, ev)
+        certified = ~np.isin(ev, list(layer.uncertified))
+        restore |= certified & self._active(layer, ev)
+        self._restore(layer, {int(p) for p in ev[restore]}, trigger=trigger)
 
     @staticmethod
     def _history_keys(bank: SolverBank) -> dict[tuple[int, int], dict[int, np.ndarray]]:
@@ -974,17 +1131,20 @@ class CertifiedCache(Cache):
 
     # ------------------------------------------------------------------ status
     def certificate(self) -> dict[str, Any]:
-        """Per layer: gated / warm-up, admitted keys, slots, physically evicted tokens, whether every
-        solver holds a certificate, the largest KKT residual; plus the restore events so far."""
+        """Per layer: gated / warm-up, admitted keys, slots, physically evicted tokens (and how many of them a
+        heuristic policy dropped), whether every solver holds a certificate, the largest KKT residual; plus
+        the restore events so far. ``exact`` is False once a revived token could not be restored or a
+        heuristic policy dropped a token that is still gone."""
         layers = []
         for layer in self.layers:
             bank = layer.bank
-            ok, reason, kkt = bank.certified() if bank is not None else (False, "no chunk boundary yet", 0.0)
+            cert = bank.certified() if bank is not None else BankCertificate(False, "no chunk boundary yet", 0.0)
             layers.append({"layer": layer.layer_idx, "gated": bool(bank is not None and bank.gated),
                            "admitted": len(bank.history) if bank is not None else 0, "slots": layer.n_slots,
-                           "evicted": len(layer.evicted), "certified": ok, "reason": reason, "kkt_max": kkt})
+                           "evicted": len(layer.evicted), "evicted_uncertified": len(layer.uncertified),
+                           "certified": cert.certified, "reason": cert.reason, "kkt_max": cert.kkt_max})
         lost = [e for e in self.restore_events if not e.restored]
-        return {"layers": layers, "exact": not lost,
+        return {"layers": layers, "exact": not lost and not any(layer.uncertified for layer in self.layers),
                 "restore_events": [(e.layer, e.position, e.restored, e.trigger) for e in self.restore_events]}
 
     def __repr__(self) -> str:

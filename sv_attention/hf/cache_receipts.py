@@ -43,8 +43,9 @@ class LayerEviction:
     ----------
     layer : int
     certified : bool
-        True when every solver of the layer held a certificate (out of warm-up, KKT residuals within
-        tolerance) and eviction ran; False when the layer was skipped (``reason`` says why).
+        True when the certified policy ran on a layer whose solvers all held a certificate (out of warm-up,
+        KKT residuals within tolerance): every dropped token had alpha exactly 0. False when the layer was
+        skipped, or when a heuristic policy chose the tokens (``reason`` says which).
     reason : str
     n_slots_before, n_slots_after : int
         Key/value slots the layer held (its tensors' sequence dimension).
@@ -61,8 +62,11 @@ class LayerEviction:
     kkt_max : float
         Largest KKT residual over the layer's solvers after the eviction (evicted keys re-checked).
     max_evicted_alpha : float
-        Largest alpha, over every (batch row, kv-head) solver of the layer, that the physically evicted
-        tokens held just before the eviction (measured; 0.0 is what makes the eviction exact).
+        Largest gate weight, over every (batch row, kv-head) of the layer where the token is a real token,
+        that the physically evicted tokens held just before the eviction (alpha in gated rows, 1 in rows in
+        warm-up; measured: 0.0 is what makes the eviction exact).
+    policy : str
+        The eviction policy's name (``"certified"``, ``"h2o"``, ``"recency"``, ``"random"``).
     """
 
     layer: int
@@ -77,15 +81,18 @@ class LayerEviction:
     realised_fraction: float
     kkt_max: float
     max_evicted_alpha: float = 0.0
+    policy: str = "certified"
 
 
 @dataclass(frozen=True)
 class EvictionReceipt:
     """Receipt of :meth:`CertifiedCache.evict`.
 
-    Only tokens with alpha exactly 0 in every (batch, kv-head) solver of a layer leave that layer
-    (:attr:`max_evicted_alpha` measures it), so every later readout is unchanged; a later admission that
-    revives an evicted token restores it from the offload tier (see :attr:`CertifiedCache.restore_events`).
+    With the certified policy, only tokens with alpha exactly 0 in every (batch, kv-head) solver of a layer
+    leave that layer (:attr:`max_evicted_alpha` measures it), so every later readout is unchanged; a later
+    admission that revives an evicted token restores it from the offload tier (see
+    :attr:`CertifiedCache.restore_events`). With a heuristic policy :attr:`certified` is False and
+    :attr:`max_evicted_alpha` says how much gate weight the dropped tokens carried.
     """
 
     layers: tuple[LayerEviction, ...]
@@ -131,7 +138,7 @@ class EvictionReceipt:
                  f"{self.memory_bytes_after} bytes; budget {self.budget} met={self.budget_met}; "
                  f"max alpha of an evicted token {self.max_evicted_alpha:.1e}"]
         for le in self.layers:
-            lines.append(f"  layer {le.layer}: {len(le.evicted_positions)} evicted, certified={le.certified} "
+            lines.append(f"  layer {le.layer} ({le.policy}): {len(le.evicted_positions)} evicted, certified={le.certified} "
                          f"({le.reason}), kkt_max={le.kkt_max:.2e}")
         return "\n".join(lines)
 

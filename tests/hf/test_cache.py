@@ -69,7 +69,7 @@ def _state(cache: CertifiedCache) -> list:
     for layer in cache.layers:
         solvers = [] if layer.bank is None else [s.state_dict() for _, _, s in layer.bank.each()]
         out.append((layer.keys.clone(), layer.values.clone(), layer.positions.clone(), layer.seen,
-                    sorted(layer.forgotten), sorted(layer.evicted), layer.admitted_upto,
+                    sorted(layer.forgotten), sorted(layer.evicted), list(layer.admitted),
                     sorted(layer.bank.history) if layer.bank is not None else None,
                     len(cache.restore_events), solvers))
     return out
@@ -217,7 +217,7 @@ def test_forget_long_range_is_the_exact_decrement(model: LlamaForCausalLM) -> No
     s = layer.bank.solvers[0][1]
     keys = layer.keys[0, 1].double()
     pos = layer.positions.numpy()
-    sel = pos < layer.admitted_upto
+    sel = pos < layer.admitted[0]  # unpadded: real positions are positions
     ref = refit(keys[sel].numpy(), C=s.C, sigma=s.sigma, ids=pos[sel])
     np.testing.assert_allclose(s.alpha_of(pos[sel]), ref.alpha, atol=1e-9)
     with pytest.raises(UnknownIdError):
@@ -248,7 +248,7 @@ def test_forget_reencode_equals_a_cache_that_never_saw_the_token(model: LlamaFor
     never, _ = _prefill(model, torch.cat([ids[:, :10], ids[:, 11:]], dim=1))
     for la, lb in zip(cache.layers, never.layers, strict=True):
         assert la.positions.tolist() == lb.positions.tolist() and la.seen == lb.seen
-        assert la.admitted_upto == lb.admitted_upto
+        assert la.admitted == lb.admitted
         assert float((la.keys - lb.keys).abs().max()) <= 1e-5
         assert float((la.values - lb.values).abs().max()) <= 1e-5
         for (_, _, sa), (_, _, sb) in zip(la.bank.each(), lb.bank.each(), strict=True):
@@ -540,7 +540,7 @@ def test_declared_padding_makes_a_padded_row_compute_what_it_computes_alone(mode
     mask[1, :CHUNK] = 0
     logits, cache = _generate_evict_generate(model, ids, mask, declare=True)
     for layer in cache.layers:
-        assert layer.bank.row_start == [CHUNK, 2 * CHUNK]
+        assert layer.bank.row_start == [CHUNK, CHUNK]  # real boundaries: each row starts at its own chunk 1
         pad_held = {p for s in layer.bank.solvers[1] for p in set(s.ids.tolist()) | set(s.evicted_ids) if p < CHUNK}
         assert pad_held == set() and min(layer.bank.row_history[1]) == CHUNK
     worst = []
@@ -631,7 +631,7 @@ def test_a_failed_admission_undoes_the_step_in_every_layer(model: LlamaForCausal
         _step(model, cache, tok)
     monkeypatch.undo()
     for la, lb in zip(cache.layers, twin.layers, strict=True):
-        assert la.seen == lb.seen == 2 * CHUNK and la.admitted_upto == lb.admitted_upto
+        assert la.seen == lb.seen == 2 * CHUNK and la.admitted == lb.admitted
         assert torch.equal(la.keys, lb.keys) and la.positions.tolist() == lb.positions.tolist()
         assert la.bank.row_history == lb.bank.row_history
     assert pop_pending_gate(0) is None and pop_pending_gate(1) is None
@@ -740,7 +740,7 @@ def test_enable_declares_a_padded_batch_to_a_fresh_cache(model: LlamaForCausalLM
     assert cache_a.padding_declared and cache_e.padding_declared
     assert torch.equal(auto, explicit)
     for la, le in zip(cache_a.layers, cache_e.layers):
-        assert la.bank.row_start == le.bank.row_start == [CHUNK, 2 * CHUNK]
+        assert la.bank.row_start == le.bank.row_start == [CHUNK, CHUNK] and la.admitted == le.admitted
     plain = CertifiedCache(model.config)
     with torch.no_grad():
         model(ids, attention_mask=torch.ones_like(ids), cache=plain, use_cache=True)
