@@ -5,7 +5,7 @@ Every door into an operator reads its hyperparameters from here: the plug-in (``
 cache and the training module (``CausalSVAttention``). A setting's default is written once, in
 :data:`DEFAULTS`; its validation once, in the dataclass's ``__post_init__``.
 
-This module imports only the standard library and :mod:`sv_attention.errors` (it is also shipped, with
+This module imports only the standard library, :mod:`sv_attention.errors` and :mod:`sv_attention.svdd.box` (it is also shipped, with
 its imports rewritten, as a flat sibling file of the Hub artifact's remote code).
 
 Every setting, its default and its meaning
@@ -74,6 +74,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sv_attention.errors import ConfigError, InvalidHyperparameterError
+from sv_attention.svdd.box import warmup_size
 
 #: variant -> hops / rho / lam of the ceq matrix A (DESIGN §2.6)
 CEQ_VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -83,11 +84,6 @@ CEQ_VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
 #: Largest warm-up size ``ceil(1/C) + 2`` accepted: a smaller C could never leave warm-up on any real
 #: sequence, and its integer arithmetic would overflow tensor indices.
 MAX_WARMUP = 2**31 - 1
-
-
-def warmup_size(C: float) -> int:
-    """Fewest keys for which the gate is defined: ``ceil(1/C) + 2`` (DESIGN §2.1; below it: warm-up)."""
-    return int(math.ceil(1.0 / C - 1e-9)) + 2
 
 
 def _real(name: str, value: Any) -> float:

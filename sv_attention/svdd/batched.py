@@ -30,6 +30,7 @@ import torch
 
 from sv_attention.errors import BackendUnavailableError, InvalidHyperparameterError, InvalidInputError
 from sv_attention.svdd.batched_torch import fista_finder
+from sv_attention.svdd.box import warmup_size
 from sv_attention.svdd.polish import (
     PolishResult,
     active_set_polish,
@@ -259,7 +260,7 @@ def solve_batched(gram: torch.Tensor, mask: torch.Tensor, C: float | torch.Tenso
 
     cnt = mask.sum(-1)
     feasible = (cnt.to(dt) * Cd >= 1.0 - 1e-9) & (cnt > 0)
-    warm = cnt < (torch.ceil(1.0 / Cd) + 2).to(cnt.dtype)
+    warm = cnt < warmup_size(Cd).to(cnt.dtype)
     # Infeasible problems are solved as if C were 1/n (feasible) and overwritten below.
     C_run = torch.where(feasible, Cd, 1.0 / cnt.clamp_min(1).to(dt))
 

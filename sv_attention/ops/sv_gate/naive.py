@@ -25,6 +25,7 @@ import torch
 
 from sv_attention.ops.settings import SVSettings
 from sv_attention.svdd import IncrementalSVDD
+from sv_attention.svdd.box import warmup_size
 
 
 def median_distance(keys: np.ndarray) -> float:
@@ -65,7 +66,7 @@ def naive_sv_gate_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     group = h // g
     sc = d ** -0.5 if scaling is None else float(scaling)
     C, chunk = settings.box, settings.chunk
-    warmup = math.ceil(1.0 / C - 1e-9) + 2
+    warmup = warmup_size(C)
     rows = []
     for bi in range(b):
         cols = [j for j in range(kv) if bool(visible[bi, :, j].any())]  # valid keys, in position order
