@@ -12,13 +12,12 @@ Within a fixed partition (margin S, error E) the solution solves the bordered sy
 No second solve: the forward refines ``R c`` against ``M(K)`` (iterative refinement with the same R) and
 the backward is one product with ``R^T``. Set migrations are kinks: no gradient flows through them.
 
-Status: the paper's implicit VJP, kept as a standalone differentiable op (with :func:`rbf_readout`, the
-readout it was published with). No package path differentiates through it today: the exact solver path
-(``SVSettings(solver="exact")``, the certified cache) is inference-only (``detach_gate=True``), and the
-trainable gate differentiates the ridged bordered solve of the batched path (``sv_attention.svdd.batched``
-/ ``ops.sv_gate.fit``). Its natural caller is an optional gradient of the naive SV reference
-(``ops/sv_gate/naive.py``: exact coefficients, then ``svdd_alpha_rho`` for d out / d keys); it is checked
-against :func:`svdd_alpha_rho_reference` and by fp64 ``gradcheck`` in ``tests/svdd/test_implicit.py``.
+Caller: the naive SV reference (:func:`sv_attention.ops.sv_gate.naive.differentiable_exact_gate`) with
+``detach_gate=False`` differentiates the exact solver's coefficients through this VJP; it is the reference
+the trainable batched path's gradient (the ridged bordered solve of ``ops.sv_gate.fit``) is tested against
+(``tests/ops/test_causal.py``). The exact solver path itself (``SVSettings(solver="exact")``, the certified
+cache) stays inference-only. Checked against :func:`svdd_alpha_rho_reference` and by fp64 ``gradcheck`` in
+``tests/svdd/test_implicit.py``.
 
 Public functions
 ----------------
