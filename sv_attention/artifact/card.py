@@ -88,7 +88,7 @@ def card_metadata(manifest: dict[str, Any], *, license: str = "apache-2.0",
 
 def limits(manifest: dict[str, Any]) -> list[str]:
     """At most :data:`MAX_LIMITS` short bullets: the model's size, its data, the operator's caveats, timings."""
-    from sv_attention.ops.beta_test import CHI2_95_1DOF
+    from sv_attention.analysis.beta_test import CHI2_95_1DOF
 
     model, training = manifest["model"], manifest.get("training") or {}
     op, knobs = model["operator"], model.get("operator_config") or {}
