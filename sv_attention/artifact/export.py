@@ -24,7 +24,14 @@ from typing import Any
 import torch
 
 from sv_attention.artifact.card import write_card
-from sv_attention.artifact.manifest import build_manifest, hash_files, hash_tensors, write_manifest
+from sv_attention.artifact.manifest import (
+    MANIFEST_NAME,
+    build_manifest,
+    hash_files,
+    hash_tensors,
+    read_manifest,
+    write_manifest,
+)
 from sv_attention.artifact.params import count_parameters, published_reading
 from sv_attention.artifact.remote import CODE_FILES, model_classes
 from sv_attention.artifact.siblings import RemoteCode, generate_repository_code, write_remote_code
@@ -37,7 +44,9 @@ REFERENCE_TEXT = "Once upon a time, a small model read bytes."
 def load_checkpoint(checkpoint: str | Path) -> tuple[torch.nn.Module, dict[str, Any] | None]:
     """Load a ``save_pretrained`` folder (a training checkpoint or an artifact) with the repository's classes.
 
-    Returns the model (eval mode, CPU) and the training record (``trainer_state.json``) when present.
+    Returns the model (eval mode, CPU) and the training record: the folder's ``trainer_state.json`` (a
+    training checkpoint) or, for an exported artifact, its manifest's ``training`` record (so re-exporting an
+    artifact from its own weights, e.g. to refresh its generated code, keeps what it was trained on).
 
     Raises
     ------
@@ -52,6 +61,8 @@ def load_checkpoint(checkpoint: str | Path) -> tuple[torch.nn.Module, dict[str, 
     record = None
     if (path / "trainer_state.json").is_file():
         record = json.loads((path / "trainer_state.json").read_text())
+    elif (path / MANIFEST_NAME).is_file():
+        record = read_manifest(path).get("training")
     return model, record
 
 

@@ -149,3 +149,15 @@ def test_generation_config_provenance_and_permissions(exported):
     os.umask(umask)
     assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
     assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o666 & ~umask
+
+
+def test_re_export_of_an_artifact_keeps_its_training_record(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    tiny_model("softmax").save_pretrained(ckpt)
+    record = {"step": 7, "data": {"source": {"kind": "embedded", "name": "embedded"}},
+              "metrics": {"val_bpb": 4.5, "tokens_seen": 896}}
+    (ckpt / "trainer_state.json").write_text(json.dumps(record))
+    first = export_artifact(ckpt, tmp_path / "art", results_dir=None)
+    again = export_artifact(tmp_path / "art", tmp_path / "art", results_dir=None, overwrite=True)
+    assert again["training"] == first["training"] and again["training"]["steps"] == 7
+    assert again["tensors"] == first["tensors"]
