@@ -472,8 +472,9 @@ class CertifiedCache(Cache):
         if not self._gate_consumed():
             impl = getattr(self._config, "_attn_implementation", None)
             raise UnsupportedFeatureError(
-                f"the model runs attention {impl!r}, which ignores the SV gate, so evicting reserve tokens would "
-                "change its outputs; call sv_attention.enable(model, 'sv_attention') first")
+                f"the model runs attention {impl!r}, which ignores the SV gate (evicting reserve tokens would change "
+                "its outputs) and reads key/value slots by column index (fewer slots than positions after an "
+                "eviction); call sv_attention.enable(model, 'sv_attention') first")
 
     def reset(self) -> None:
         """Drop every slot, solver, offloaded token and restore event (the settings stay)."""

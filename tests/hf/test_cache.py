@@ -22,9 +22,11 @@ from sv_attention.errors import (
 from sv_attention.hf.cache import CertifiedCache
 from sv_attention.hf.cache_receipts import PATH_EXACT, PATH_LOCAL
 from sv_attention.hf.gate_handoff import clear_pending_gates, pop_pending_gate
+from sv_attention.hf.policies import POLICIES
 from sv_attention.svdd import IncrementalSVDD, refit
 
 CHUNK = 8
+POLICY_NAMES = sorted(POLICIES)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -341,14 +343,15 @@ def test_eviction_keeps_logits_on_the_sv_lm_architecture() -> None:
     assert worst <= 1e-5
 
 
-def test_eviction_is_refused_when_the_model_ignores_the_gate(model: LlamaForCausalLM) -> None:
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_eviction_is_refused_when_the_model_ignores_the_gate(model: LlamaForCausalLM, policy: str) -> None:
     torch.manual_seed(11)
-    cache, _ = _prefill(model, torch.randint(0, 64, (1, 20)))
+    cache, _ = _prefill(model, torch.randint(0, 64, (1, 20)), policy=policy)
     model.set_attn_implementation("sdpa")
     try:
         snap = _state(cache)
         with pytest.raises(UnsupportedFeatureError, match="ignores the SV gate"):
-            cache.evict()
+            cache.evict(budget=12)
         with pytest.raises(UnsupportedFeatureError, match="sv_attention"):
             cache.forget([1])
         _assert_same_state(snap, _state(cache))
@@ -356,9 +359,9 @@ def test_eviction_is_refused_when_the_model_ignores_the_gate(model: LlamaForCaus
         assert pop_pending_gate(0) is None  # no stale gate is left for another model
     finally:
         model.set_attn_implementation("sv_attention")
-    off = CertifiedCache(model.config, gated=False)
+    off = CertifiedCache(model.config, gated=False, policy=policy)
     with pytest.raises(UnsupportedFeatureError, match="gated=False"):
-        off.evict()
+        off.evict(budget=12)
 
 
 def test_eviction_keeps_logits_with_a_left_padded_batch(model: LlamaForCausalLM) -> None:
@@ -483,20 +486,19 @@ def test_forget_rolls_back_when_a_solver_fails_part_way(model: LlamaForCausalLM,
     assert torch.equal(_step(model, cache, tok), _step(model, twin, tok))
 
 
-def test_evict_rolls_back_when_a_layer_fails_part_way(model: LlamaForCausalLM,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from sv_attention.hf.cache_solvers import SolverBank
-
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_evict_rolls_back_when_a_layer_fails_part_way(model: LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch,
+                                                       policy: str) -> None:
     torch.manual_seed(15)
-    cache, _ = _prefill(model, torch.randint(0, 64, (1, 28)))
+    cache, _ = _prefill(model, torch.randint(0, 64, (1, 28)), policy=policy)
     snap = _state(cache)
-    _fail_on_call(monkeypatch, SolverBank, "evict_reserve", 2)  # layer 0 evicted, layer 1 fails
+    _fail_on_call(monkeypatch, type(cache.policy), "select", 2)  # layer 0 evicted, layer 1 fails
     with pytest.raises(SolverError, match="evict"):
-        cache.evict()
+        cache.evict(budget=16)
     _assert_same_state(snap, _state(cache))
-    assert cache.memory_report()["offload_bytes"] == 0
+    assert cache.memory_report()["offload_bytes"] == 0 and cache.certificate()["exact"]
     monkeypatch.undo()
-    assert cache.evict().n_evicted > 0
+    assert cache.evict(budget=16).n_evicted > 0
 
 
 def test_reencode_rolls_back_when_the_model_fails(model: LlamaForCausalLM,
@@ -745,3 +747,283 @@ def test_enable_declares_a_padded_batch_to_a_fresh_cache(model: LlamaForCausalLM
     with torch.no_grad():
         model(ids, attention_mask=torch.ones_like(ids), cache=plain, use_cache=True)
     assert not plain.padding_declared
+
+
+# ---------------------------------------------------------------------------------------------- the reference
+@pytest.fixture(scope="module")
+def model64() -> LlamaForCausalLM:
+    """The tiny Llama in fp64 (so that the cache's gate can be compared with the reference to 1e-9)."""
+    torch.manual_seed(30)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    m = LlamaForCausalLM(cfg).double().eval()
+    sv_attention.enable(m, "sv_attention", nu=0.5, n0=CHUNK, chunk=CHUNK)
+    return m
+
+
+def _tokens(kind: str, n: int, gen: torch.Generator) -> torch.Tensor:
+    """Token ids ``[1, n]``: random, clustered (two alternating runs of 3 ids: clustered keys) or one id
+    repeated (duplicate tokens: the keys differ only by their rotary position)."""
+    if kind == "random":
+        return torch.randint(1, 64, (1, n), generator=gen)
+    if kind == "clustered":
+        return torch.tensor([[5, 6, 7][int(x)] for x in torch.randint(0, 3, (n,), generator=gen)])[None]
+    return torch.full((1, n), 9)
+
+
+def _record_gates(monkeypatch: pytest.MonkeyPatch) -> list:
+    import sv_attention.hf.cache as cache_mod
+
+    seen: list = []
+    orig = cache_mod.set_pending_gate
+
+    def record(handoff):
+        seen.append(handoff)
+        orig(handoff)
+
+    monkeypatch.setattr(cache_mod, "set_pending_gate", record)
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["random", "clustered", "duplicate"])
+@pytest.mark.parametrize("pad", [0, 1, CHUNK - 1, CHUNK, CHUNK + 3])
+def test_a_padded_row_gives_the_logits_and_gates_of_the_sequence_alone(model64: LlamaForCausalLM,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       kind: str, pad: int) -> None:
+    """Row 0 left-padded by ``pad`` (any count, not only multiples of the chunk), row 1 unpadded: row 0's
+    logits equal the sequence alone, and the gate the cache deposits for each row equals the naive reference
+    (``exact_gate`` per boundary on the row's real keys, bandwidth of its first chunk) to 1e-9."""
+    from tests.ops.sv_gate.test_exact_path import reference_weights
+
+    gen = torch.Generator().manual_seed(100 + pad + len(kind))
+    n = 3 * CHUNK + 3
+    seq = _tokens(kind, n, gen)
+    ids = torch.cat([torch.cat([torch.zeros(1, pad, dtype=torch.long), seq], 1), _tokens(kind, n + pad, gen)])
+    mask = torch.ones_like(ids)
+    mask[0, :pad] = 0
+    pid = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    gates = _record_gates(monkeypatch)
+    cache = CertifiedCache(model64.config)  # enable's pre-hook declares the padding
+    with torch.no_grad():
+        padded = model64(ids, attention_mask=mask, position_ids=pid, cache=cache, use_cache=True).logits
+    assert cache.padding_declared == (pad > 0)
+    monkeypatch.undo()
+    _, alone = _prefill(model64, seq)
+    assert float((padded[0, pad:] - alone[0]).abs().max()) <= 1e-9
+    C = cache.C
+    for li, layer in enumerate(cache.layers):
+        w = gates[li].weights  # [b, kv-heads, q, slots]
+        for row in range(2):
+            real = np.flatnonzero(mask[row].numpy())
+            for j in range(w.shape[1]):
+                ref = reference_weights(layer.keys[row, j, real].numpy(), C, CHUNK)
+                got = w[row, j][real][:, real].numpy()
+                causal = np.tril(np.ones_like(ref)) > 0
+                assert np.abs(np.where(causal, got - ref, 0.0)).max() <= 1e-9, (li, row, j)
+
+
+def test_generate_with_the_cache_equals_generate_without_it(model64: LlamaForCausalLM) -> None:
+    """A batch padded by 0, 1, chunk - 1 and chunk + 3: greedy generate through the certified cache (eviction
+    in the middle) gives the tokens of generate with the model's DynamicCache, and each padded row the tokens
+    of its sequence alone."""
+    gen = torch.Generator().manual_seed(31)
+    pads = [0, 1, CHUNK - 1, CHUNK + 3]
+    L = 2 * CHUNK + 5 + max(pads)
+    ids = torch.randint(1, 64, (len(pads), L), generator=gen)
+    mask = torch.ones_like(ids)
+    for i, p in enumerate(pads):
+        ids[i, :p] = 0
+        mask[i, :p] = 0
+    plain = model64.generate(ids, attention_mask=mask, max_new_tokens=CHUNK + 4, do_sample=False)
+    cache = CertifiedCache(model64.config)
+    first = model64.generate(ids, attention_mask=mask, cache=cache, max_new_tokens=4, do_sample=False)
+    assert cache.evict().max_evicted_alpha == 0.0
+    mask2 = torch.cat([mask, torch.ones(len(pads), 4, dtype=torch.long)], 1)
+    out = model64.generate(first, attention_mask=mask2, cache=cache, max_new_tokens=CHUNK, do_sample=False)
+    assert torch.equal(out, plain)
+    for i, p in enumerate(pads):
+        alone = model64.generate(ids[i:i + 1, p:], cache=CertifiedCache(model64.config), max_new_tokens=CHUNK + 4,
+                                 do_sample=False)
+        assert torch.equal(out[i:i + 1, p:], alone)
+
+
+# ---------------------------------------------------------------------------------------------- policies
+def _padded_cache(model: LlamaForCausalLM, policy: str, pad: int = 3) -> tuple[CertifiedCache, torch.Tensor,
+                                                                                 torch.Tensor]:
+    """A two-row prefill, row 1 left-padded by ``pad``, padding declared; returns the cache, ids and mask."""
+    gen = torch.Generator().manual_seed(40)
+    ids = torch.randint(1, 64, (2, 4 * CHUNK + 3), generator=gen)
+    ids[1, :pad] = 0
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    cache = CertifiedCache(model.config, policy=policy)
+    pid = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    with torch.no_grad():
+        model(ids, attention_mask=mask, position_ids=pid, cache=cache, use_cache=True)
+    return cache, ids, mask
+
+
+def _local_positions(layer, mask: torch.Tensor) -> set[int]:
+    """Slots some row holds as a real token beyond its admitted boundary (counted in real positions)."""
+    out = set()
+    for row in range(mask.shape[0]):
+        real = np.flatnonzero(np.concatenate([mask[row].numpy(), np.ones(layer.seen - mask.shape[1], dtype=int)]))
+        out |= {int(p) for r, p in enumerate(real) if r >= layer.admitted[row]}
+    return out & set(layer.positions.tolist())
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_every_policy_respects_the_budget_and_its_receipt_is_honest(model: LlamaForCausalLM, policy: str) -> None:
+    cache, ids, mask = _padded_cache(model, policy)
+    twin, _, _ = _padded_cache(model, "certified")
+    budget = 2 * CHUNK
+    before = []
+    for layer in cache.layers:
+        alpha = {i: layer.bank.alpha_row(i, layer.seen) for i in range(2)}  # what each row reads now
+        before.append((set(layer.positions.tolist()), _local_positions(layer, mask), alpha))
+    mem0 = cache.memory_bytes()
+    rep = cache.evict(budget=budget)
+    assert rep.certified == (policy == "certified") and all(le.policy == policy for le in rep.layers)
+    assert rep.budget_met == all(le.n_slots_after <= budget for le in rep.layers)
+    for layer, le, (slots, local, alpha) in zip(cache.layers, rep.layers, before, strict=True):
+        gone = set(le.evicted_positions)
+        assert le.n_slots_after == layer.n_slots == len(slots) - len(gone) and gone <= slots
+        assert not gone & set(layer.positions.tolist()) and not gone & local  # the current chunks stay
+        assert le.n_local == len(local)
+        cand = len(slots) - len(local)
+        if policy == "certified":
+            assert le.max_evicted_alpha == 0.0
+            support = {p for p in slots - local
+                       if any(alpha[i][:, p].max() > 0 for i in range(2) if mask[i, p] if p < mask.shape[1])}
+            assert le.n_slots_after == len(local) + min(cand, max(len(support), budget - len(local)))
+        else:
+            assert le.n_slots_after == len(local) + min(cand, max(0, budget - len(local)))
+            held = [float(alpha[i][:, p].max()) for p in gone for i in range(2) if p >= mask.shape[1] or mask[i, p]]
+            assert le.max_evicted_alpha == max(held, default=0.0)
+            assert not le.certified and "without a certificate" in le.reason
+    if rep.n_evicted:
+        assert cache.memory_bytes() < mem0
+    assert cache.certificate()["exact"] == (policy == "certified" or rep.n_evicted == 0)
+    # the cache keeps decoding; the certified policy's next logits equal those of the un-evicted twin
+    tok = torch.randint(1, 64, (2, 1))
+    m2 = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
+    got, ref = _step(model, cache, tok, attention_mask=m2), _step(model, twin, tok, attention_mask=m2)
+    assert cache.get_seq_length() == twin.get_seq_length() and torch.isfinite(got).all()
+    if policy == "certified":
+        assert float((got - ref).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_every_policy_refuses_bad_budgets_and_leaves_the_cache_unchanged(model: LlamaForCausalLM,
+                                                                         policy: str) -> None:
+    cache, _, _ = _padded_cache(model, policy)
+    snap = _state(cache)
+    bad: list = [2.5, -1, True, "8"]
+    if policy == "certified":
+        bad.append(cache.warmup_size - 1)  # no certificate exists for fewer keys
+    else:
+        bad.append(None)  # only the certified policy knows which tokens are inert
+    for budget in bad:
+        with pytest.raises(InvalidInputError):
+            cache.evict(budget=budget)
+    _assert_same_state(snap, _state(cache))
+    assert pop_pending_gate(0) is None
+
+
+def test_the_policy_argument_is_checked() -> None:
+    from sv_attention.errors import ConfigError
+    from sv_attention.hf.policies import CertifiedPolicy, RecencyPolicy
+
+    assert isinstance(CertifiedCache(num_layers=1).policy, CertifiedPolicy)
+    mine = RecencyPolicy()
+    assert CertifiedCache(num_layers=1, policy=mine).policy is mine
+    with pytest.raises(ConfigError, match="unknown eviction policy"):
+        CertifiedCache(num_layers=1, policy="lru")
+    with pytest.raises(InvalidInputError, match="EvictionPolicy"):
+        CertifiedCache(num_layers=1, policy=3)
+
+
+def test_h2o_keeps_the_tokens_with_the_most_attention_mass(model: LlamaForCausalLM) -> None:
+    """The heavy-hitter score: causal softmax mass each slot receives, the layer's keys standing in for the
+    queries (the cache never sees them), summed over kv-heads (loop reference)."""
+    torch.manual_seed(41)
+    cache, _ = _prefill(model, torch.randint(0, 64, (1, 4 * CHUNK + 2)), policy="h2o")
+    layer = cache.layers[0]
+    keys = layer.keys[0].double().numpy()
+    pos = layer.positions.tolist()
+    mass = np.zeros(len(pos))
+    for j in range(keys.shape[0]):
+        for t in range(len(pos)):
+            logits = keys[j, : t + 1] @ keys[j, t] / np.sqrt(keys.shape[-1])
+            w = np.exp(logits - logits.max())
+            mass[: t + 1] += w / w.sum()
+    cand = [k for k, p in enumerate(pos) if p < layer.admitted[0]]
+    budget = 2 * CHUNK
+    keep_n = budget - (len(pos) - len(cand))
+    order = sorted(cand, key=lambda k: (-mass[k], -pos[k]))
+    expect_gone = {pos[k] for k in order[keep_n:]}
+    rep = cache.evict(budget=budget)
+    assert set(rep.layers[0].evicted_positions) == expect_gone
+
+
+# ---------------------------------------------------------------------------------------------- padded deletion / crop
+def _padded_step(model: LlamaForCausalLM, cache: CertifiedCache, tok: torch.Tensor, mask: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step of a padded batch (mask over every position so far): logits, the extended mask."""
+    mask = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=torch.long)], 1)
+    pid = mask.sum(-1, keepdim=True) - 1
+    with torch.no_grad():
+        out = model(tok, attention_mask=mask, position_ids=pid, cache=cache, use_cache=True).logits
+    return out, mask
+
+
+def test_forget_in_a_padded_batch_equals_forgetting_in_each_sequence_alone(model: LlamaForCausalLM) -> None:
+    """Row 1 is padded by 3, so a position can be admitted in row 0 and still in row 1's current chunk: the
+    receipt says both paths, and each row then decodes what its sequence alone decodes after the same
+    deletion (the exact decrement in row 0, the local path in row 1), across later boundaries."""
+    pad = 3
+    cache, ids, mask = _padded_cache(model, "certified", pad)
+    victim = 4 * CHUNK - 4  # row 0: real position 28 < its boundary 32; row 1: real 25 >= its boundary 24
+    assert cache.layers[0].admitted == [4 * CHUNK, 3 * CHUNK]
+    rep = cache.forget([victim], verify=True)
+    assert rep.paths[victim].startswith(PATH_EXACT) and PATH_LOCAL in rep.paths[victim]
+    assert rep.max_refit_deviation < 1e-8
+    alone = []
+    for row, p in ((0, 0), (1, pad)):
+        c, _ = _prefill(model, ids[row:row + 1, p:])
+        r = c.forget([victim - p])
+        assert r.paths == {victim - p: PATH_EXACT if row == 0 else PATH_LOCAL}
+        alone.append(c)
+    gen = torch.Generator().manual_seed(42)
+    worst = 0.0
+    for _ in range(CHUNK + 2):
+        tok = torch.randint(1, 64, (2, 1), generator=gen)
+        got, mask = _padded_step(model, cache, tok, mask)
+        for row in range(2):
+            worst = max(worst, float((got[row] - _step(model, alone[row], tok[row:row + 1])[0]).abs().max()))
+    assert worst <= 1e-5
+
+
+def test_crop_of_a_padded_batch_equals_a_cache_that_saw_the_shorter_prefix(model: LlamaForCausalLM) -> None:
+    """crop moves each row's boundary back by its own real positions (row 1 padded by 3); the rebuilt solvers
+    equal those of a cache that only saw the kept positions, and so do the next logits."""
+    pad = 3
+    cache, ids, mask = _padded_cache(model, "certified", pad)
+    assert cache.evict().n_evicted > 0
+    keep = 3 * CHUNK + 2  # row 0 goes back to boundary 24, row 1 (real 23) to 16
+    cache.crop(keep)
+    short = CertifiedCache(model.config)
+    m = mask[:, :keep]
+    with torch.no_grad():
+        model(ids[:, :keep], attention_mask=m, position_ids=(m.cumsum(-1) - 1).masked_fill(m == 0, 1), cache=short,
+              use_cache=True)
+    for la, lb in zip(cache.layers, short.layers, strict=True):
+        assert la.admitted == lb.admitted == [3 * CHUNK, 2 * CHUNK]
+        assert la.bank.row_history == lb.bank.row_history
+        for (_, _, sa), (_, _, sb) in zip(la.bank.each(), lb.bank.each(), strict=True):
+            hist = np.array(sorted(set(sa.ids.tolist()) | set(sa.evicted_ids)))
+            np.testing.assert_allclose(sa.alpha_of(hist), sb.alpha_of(hist), atol=1e-9)
+    tok = torch.randint(1, 64, (2, 1), generator=torch.Generator().manual_seed(43))
+    a, _ = _padded_step(model, cache, tok, m)
+    b, _ = _padded_step(model, short, tok, m)
+    assert float((a - b).abs().max()) <= 1e-5

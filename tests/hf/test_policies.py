@@ -124,3 +124,17 @@ def test_softmax_attention_mass_matches_loop_reference() -> None:
         ref += w / w.sum()
     got = softmax_attention_mass(q, x, causal=True, query_positions=qpos, key_positions=kpos)
     np.testing.assert_allclose(got, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_only_the_certified_policy_claims_a_certificate(name: str) -> None:
+    """The flag the certified cache's receipts rely on: a decision is certified only from CertifiedPolicy,
+    and a certified decision never drops a support token."""
+    ctx = _ctx()
+    for budget in (0, 2, 5, 10):
+        dec = get_policy(name).select(ctx, budget)
+        assert dec.certified == (name == CertifiedPolicy.name) == type(get_policy(name)).certified
+        if dec.certified:
+            assert dec.keep[ctx.support].all()
+        else:
+            assert dec.n_kept == min(budget, ctx.n) and dec.budget_met
