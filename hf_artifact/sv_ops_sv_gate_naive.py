@@ -4,8 +4,7 @@
 
 This is the obviously-correct version every path of the gate is tested against (the plug-in's prefill
 and decode, the model's forward and generate, the certified cache, ``CausalSVAttention``): outputs and
-gradients w.r.t. ``query``, ``key`` and ``value`` (the gate itself is a constant here, as with
-``detach_gate=True``). It follows DESIGN §2.1 / §2.5 directly:
+gradients w.r.t. ``query``, ``key`` and ``value``. It follows DESIGN §2.1 / §2.5 directly:
 
 - positions count the valid keys of each sequence (a key is valid when some query may attend it);
 - a query at position ``t`` reads boundary ``s = chunk * floor(t / chunk)``; it is gated when
@@ -14,6 +13,9 @@ gradients w.r.t. ``query``, ``key`` and ``value`` (the gate itself is a constant
   :class:`~sv_attention.svdd.IncrementalSVDD` (box ``C`` fixed, bandwidth ``sigma`` or the lower median
   of the pairwise distances of the keys at positions ``< chunk``);
 - weights ``exp(scale q.k_j)`` over the visible keys, times ``alpha_j`` for keys before ``s``, normalised.
+
+With ``settings.detach_gate=False`` the gate is differentiated too, by the paper's implicit VJP
+(:func:`differentiable_exact_gate`): the reference of the trainable path's gradient.
 
 Slow by design: use it on a few dozen keys.
 """
@@ -50,6 +52,21 @@ def exact_gate(keys: np.ndarray, C: float, sigma: float) -> np.ndarray:
     return out
 
 
+def differentiable_exact_gate(keys: torch.Tensor, C: float, sigma: float) -> torch.Tensor:
+    """:func:`exact_gate` as a function of ``keys [n, d]`` (float64, may require grad): the exact solver's
+    coefficients, differentiated by the paper's implicit VJP within their partition
+    (:func:`sv_attention.svdd.implicit.svdd_alpha_rho`, DESIGN §2.3). An empty margin set makes alpha locally
+    constant: then the coefficients are returned without a gradient."""
+    from .sv_svdd_implicit import svdd_alpha_rho
+
+    solver = IncrementalSVDD(C, sigma)
+    solver.add(keys.detach().cpu().numpy(), ids=list(range(len(keys))))
+    if not solver.margin_inverse[0].size:
+        return torch.as_tensor(exact_gate(keys.detach().cpu().numpy(), C, sigma), dtype=keys.dtype)
+    alpha, _ = svdd_alpha_rho(keys, solver)
+    return alpha
+
+
 def naive_sv_gate_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
                             settings: SVSettings, *, scaling: float | None = None, causal: bool = True,
                             ) -> torch.Tensor:
@@ -77,11 +94,12 @@ def naive_sv_gate_attention(query: torch.Tensor, key: torch.Tensor, value: torch
         for hi in range(h):
             gi = hi // group
             keys_np = key[bi, gi, cols].detach().double().cpu().numpy()
+            live = not settings.detach_gate and key.requires_grad
             if settings.sigma is not None:
                 sigma = settings.sigma
             else:
                 sigma = median_distance(keys_np if not causal else keys_np[:chunk])
-            gates: dict[int, np.ndarray] = {}
+            gates: dict[int, torch.Tensor] = {}
             outs = []
             for i in range(q):
                 seen = [j for j in range(kv) if bool(visible[bi, i, j])]
@@ -95,10 +113,12 @@ def naive_sv_gate_attention(query: torch.Tensor, key: torch.Tensor, value: torch
                 weight = torch.exp(logits - logits.max())
                 if gated:
                     if s not in gates:
-                        gates[s] = exact_gate(keys_np[:s], C, sigma)
-                    mult = [max(float(gates[s][position[j]]), settings.gate_floor) if position[j] < s else 1.0
-                            for j in seen]
-                    weight = weight * torch.tensor(mult, dtype=weight.dtype, device=weight.device)
+                        gates[s] = (differentiable_exact_gate(key[bi, gi, cols[:s]].double(), C, sigma) if live
+                                    else torch.as_tensor(exact_gate(keys_np[:s], C, sigma)))
+                    ones = torch.ones((), dtype=weight.dtype)
+                    mult = torch.stack([gates[s][position[j]].to(weight.dtype).clamp_min(settings.gate_floor)
+                                        if position[j] < s else ones for j in seen])
+                    weight = weight * mult
                 weight = weight / weight.sum()
                 outs.append((weight[:, None] * value[bi, gi, seen]).sum(0))
             heads.append(torch.stack(outs))
