@@ -18,8 +18,7 @@ Every token gets a *position* (0, 1, 2, ... in arrival order, padding included).
 real (non-padding) token also has a *real position*: the number of real tokens before it in that row (a
 query's real position is the number of real keys it sees minus one, as in the gate's schedule); chunk
 boundaries, warm-up and the bandwidth count real positions, so every row has its own boundaries. A
-layer's tensors hold *slots*; after
-eviction or deletion a layer holds fewer slots than positions. ``get_seq_length()`` and
+layer's tensors hold *slots*; after eviction or deletion a layer holds fewer slots than positions. ``get_seq_length()`` and
 ``get_mask_sizes()`` speak in positions (``kv_length = positions seen + query length``, offset 0), so
 transformers keeps counting positions (RoPE, ``cache_position``) and builds its mask over positions.
 The gate handed to the attention function carries ``key_positions`` (the position of each returned
@@ -30,9 +29,8 @@ Certified eviction (:meth:`CertifiedCache.evict`)
 -------------------------------------------------
 Per solver, reserve keys (alpha exactly 0) are evicted at the solver level (their fp64 keys stay in the
 solver's compact store and are re-checked, ``g >= 0``, at every later admission and deletion).
-**Physical rule:** a
-token leaves a layer's key/value tensors when it is evicted in *every* (batch row, kv-head) solver of
-that layer; its key/value move to the offload tier (CPU memory by default; ``offload=None`` discards
+**Physical rule:** a token leaves a layer's key/value tensors when it is evicted in *every* (batch row,
+kv-head) solver that holds it, and no row still reads it densely (a row's current chunk); its key/value move to the offload tier (CPU memory by default; ``offload=None`` discards
 them). The receipt reports the per-head reserve fraction and the realised (physical) fraction. When a
 later admission revives an evicted token (it fails the re-check, DESIGN §2.2), the token is restored
 from the offload tier; without one, the loss of exactness is recorded (:attr:`restore_events`) and
