@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -47,12 +46,13 @@ def command_line(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from sv_attention.artifact.export import export_artifact
+    from sv_attention.cli import read_json
     from sv_attention.errors import SVAttentionError
     from sv_attention.results import results_dir
 
     record = None
     if args.training_run:
-        record = json.loads(Path(args.training_run).read_text())
+        record = read_json(args.training_run, "--training-run")
     res_dir = None if args.no_results else (args.results_dir or results_dir())
     command = command_line(args)
     try:

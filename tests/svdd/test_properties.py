@@ -53,6 +53,7 @@ def test_random_sequences_keep_kkt(seed, C, sigma, ops):
     # the maintained solution equals the refit of the whole retained history (evicted keys included)
     ids = np.array(sorted(history))
     ref = refit(np.stack([history[i] for i in ids]), C=C, sigma=sigma, ids=ids)
+    assert ref.converged  # an independent oracle (the solver never fell back: check_invariants)
     probes = rng.standard_normal((20, 3))
     np.testing.assert_allclose(s.decision_function(probes), ref.decision_function(probes), atol=1e-9, rtol=0)
     np.testing.assert_allclose(s.alpha_of(ids), ref.alpha, atol=1e-9, rtol=0)
