@@ -16,6 +16,7 @@ _LAZY = {
     "IncrementalSVDD": "sv_attention.svdd",
     "refit": "sv_attention.svdd",
     "enable": "sv_attention.hf.enable",
+    "check": "sv_attention.hf.compat",
     "CertifiedCache": "sv_attention.hf.cache",
 }
 

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from sv_attention.errors import InvalidInputError, MaskError, UnsupportedFeatureError
+from sv_attention.hf.compat import ensure_compatible, module_label
 from sv_attention.hf.gate_handoff import GateHandoff, pop_pending_gate
 from sv_attention.hf.settings import (
     CEQ_NAME,
@@ -48,7 +49,7 @@ from sv_attention.ops.sv_gate.fit import warn_once
 from sv_attention.ops.sv_gate.readout import grouped_attention
 
 STATE_ATTR = "_sv_attention_state"
-_UNSUPPORTED = ("softcap", "s_aux", "position_bias")
+_UNSUPPORTED = ("softcap", "s_aux", "position_bias", "block_indices")
 
 
 def reset_state(model: torch.nn.Module) -> int:
@@ -66,12 +67,14 @@ def reset_state(model: torch.nn.Module) -> int:
     return n
 
 
-def _refuse_unsupported(name: str, kwargs: dict[str, Any]) -> None:
+def _refuse_unsupported(name: str, module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
     for key in _UNSUPPORTED:
         if kwargs.get(key) is not None:
+            model = getattr(getattr(module, "config", None), "model_type", None) or type(module).__name__
             raise UnsupportedFeatureError(
-                f"{name!r} attention does not implement {key!r} (this model passes it, and ignoring it "
-                f"would change the model's outputs); use attn_implementation='eager' for this model")
+                f"{module_label(module)} ({model}): {name!r} attention does not implement the {key!r} argument "
+                "(this model passes it, and ignoring it would change the model's outputs); use "
+                "attn_implementation='eager' or 'sdpa' for this model")
 
 
 def _is_causal(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
@@ -159,8 +162,9 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     out : Tensor ``[b, q_len, h, d]``
     weights : Tensor ``[b, h, q_len, kv_len]`` when ``output_attentions`` else None
     """
-    _refuse_unsupported(SV_NAME, kwargs)
     settings: SVSettings = module_settings(module, SV_NAME)  # type: ignore[assignment]
+    ensure_compatible(module, SV_NAME, settings)
+    _refuse_unsupported(SV_NAME, module, kwargs)
     check_gqa(query, key, value)
     b, h, q_len, d = query.shape
     g, kv_len = key.shape[1], key.shape[2]
@@ -248,8 +252,9 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
 
     from sv_attention.ops.ceq import HopState, ceq_layer_attention, ceq_matrix
 
-    _refuse_unsupported(CEQ_NAME, kwargs)
     settings: CeqSettings = module_settings(module, CEQ_NAME)  # type: ignore[assignment]
+    ensure_compatible(module, CEQ_NAME, settings)
+    _refuse_unsupported(CEQ_NAME, module, kwargs)
     weight = _path_weight(module, settings)
     output_attentions = bool(kwargs.get("output_attentions"))
     stock_only = settings.form == "hybrid" and isinstance(weight, float) and weight == 0.0
@@ -271,8 +276,8 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         return out.contiguous(), weights
     if not causal:
         raise UnsupportedFeatureError(
-            f"ceq hops are causal (A is strictly lower-triangular) but layer {layer_idx} is not causal "
-            "(an encoder); use alpha=0 or another attention implementation there")
+            f"{module_label(module)}: ceq hops are causal (A is strictly lower-triangular) but this layer is not "
+            "causal (an encoder); use path_weight=0 or another attention implementation there")
     keep_state = bool(kwargs.get("use_cache", True)) and not training
     held = module.__dict__.get(STATE_ATTR)
     result = ceq_layer_attention(

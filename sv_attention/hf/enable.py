@@ -20,6 +20,7 @@ import torch
 
 from sv_attention.errors import ConfigError
 from sv_attention.hf.attention import reset_state
+from sv_attention.hf.compat import check, refusal, switch_checked
 from sv_attention.hf.registration import register_all
 from sv_attention.hf.settings import IMPLEMENTATIONS, SETTINGS_CLASSES
 
@@ -56,7 +57,10 @@ def enable(model: torch.nn.Module, name: str, **hyperparameters: Any) -> torch.n
     ------
     ConfigError
         Unknown hyperparameter key, hyperparameters for a built-in implementation, an unknown
-        implementation name, or a model that cannot switch its attention dynamically.
+        implementation name.
+    UnsupportedFeatureError
+        The model uses a feature ``name`` does not implement (:func:`sv_attention.check` lists them, each
+        with the attention module's path), or its modeling code cannot switch attention (Falcon).
     InvalidHyperparameterError
         A value out of range or of the wrong type.
 
@@ -79,15 +83,26 @@ def enable(model: torch.nn.Module, name: str, **hyperparameters: Any) -> torch.n
                               f"{sorted(ALL_ATTENTION_FUNCTIONS.valid_keys())}")
     if not hasattr(model, "set_attn_implementation"):
         raise ConfigError(f"{type(model).__name__} is not a transformers PreTrainedModel (no set_attn_implementation)")
+    if settings is not None:
+        problems = check(model, name, **settings.to_dict())
+        if problems:
+            raise refusal(model, name, problems)
+    before = {id(c): (c, c.__dict__.get("_attn_implementation_internal")) for c in _configs(model)}
     try:
-        model.set_attn_implementation(name)
+        with switch_checked():
+            model.set_attn_implementation(name)
     except (ValueError, ImportError) as e:
+        _restore(before)
         raise ConfigError(f"transformers refused attn_implementation={name!r} for {type(model).__name__}: {e}") from e
-    if model.config._attn_implementation != name:
+    stuck = [type(m).__name__ for m in [model] if getattr(m.config, "_attn_implementation", name) != name]
+    if stuck:
+        _restore(before)
+        advice = ("no registered implementation can run in it; keep 'eager' or 'sdpa' for this model"
+                  if settings is not None else
+                  f"build it with {name!r} instead: from_pretrained(..., attn_implementation={name!r})")
         raise ConfigError(
-            f"{type(model).__name__} did not switch to {name!r} (it stays on "
-            f"{model.config._attn_implementation!r}): its modeling code does not look up AttentionInterface "
-            "dynamically; load it with from_pretrained(..., attn_implementation=name) instead")
+            f"{type(model).__name__} did not switch to {name!r} (it stays on {before[id(model.config)][1]!r}): its "
+            f"modeling code picks its attention class when the model is built (no AttentionInterface lookup); {advice}")
     if settings is not None:
         for cfg in _configs(model):
             setattr(cfg, name, settings.to_dict())
@@ -95,6 +110,12 @@ def enable(model: torch.nn.Module, name: str, **hyperparameters: Any) -> torch.n
     if PADDING_HOOK_ATTR not in model.__dict__:
         model.__dict__[PADDING_HOOK_ATTR] = model.register_forward_pre_hook(declare_cache_padding, with_kwargs=True)
     return model
+
+
+def _restore(before: dict[int, tuple[Any, Any]]) -> None:
+    """Put every config's attention setting back as it was (a failed switch changes nothing)."""
+    for cfg, value in before.values():
+        cfg.__dict__["_attn_implementation_internal"] = value
 
 
 #: Attribute of a model holding the handle of its padding pre-hook (installed once by :func:`enable`).

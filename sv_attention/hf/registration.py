@@ -11,6 +11,7 @@ from __future__ import annotations
 from transformers import AttentionInterface, AttentionMaskInterface
 
 from sv_attention.hf.attention import ceq_attention_forward, sv_attention_forward
+from sv_attention.hf.compat import install_switch_hook
 from sv_attention.hf.masks import ceq_mask, sv_attention_mask
 from sv_attention.hf.settings import CEQ_NAME, SV_NAME
 
@@ -24,7 +25,9 @@ REGISTRY = {
 def register_all() -> list[str]:
     """Register both implementations in ``AttentionInterface`` and ``AttentionMaskInterface``.
 
-    Safe to call any number of times (the same functions are written under the same names).
+    Safe to call any number of times (the same functions are written under the same names). Also installs
+    the switch-time compatibility check on ``PreTrainedModel.set_attn_implementation``
+    (:func:`sv_attention.hf.compat.install_switch_hook`).
 
     Returns
     -------
@@ -33,6 +36,7 @@ def register_all() -> list[str]:
     for name, (attn_fn, mask_fn) in REGISTRY.items():
         AttentionInterface.register(name, attn_fn)
         AttentionMaskInterface.register(name, mask_fn)
+    install_switch_hook()
     return list(REGISTRY)
 
 

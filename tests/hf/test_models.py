@@ -85,9 +85,8 @@ def test_qwen2_sliding_layer_honoured_and_refusable():
     ref = full_logits(eager, ids)
     sv_attention.enable(m, "sv_attention", gated=False)
     assert torch.allclose(full_logits(m, ids), ref, atol=1e-5)  # the window reaches the function
-    sv_attention.enable(m, "sv_attention", nu=0.5, chunk=4, sliding_window="refuse")
-    with pytest.raises(UnsupportedFeatureError, match="sliding window"):
-        full_logits(m, ids)
+    with pytest.raises(UnsupportedFeatureError, match=r"model\.layers\.1\.self_attn: this layer uses a sliding window"):
+        sv_attention.enable(m, "sv_attention", nu=0.5, chunk=4, sliding_window="refuse")  # refused at switch time
 
 
 def test_output_attentions_returns_weights():
@@ -117,9 +116,9 @@ def test_minilm_encoder():
     real = enc["attention_mask"].bool()
     assert torch.isfinite(on).all()
     assert (on[real] - ref[real]).abs().max() > 1e-4  # the gate is active on the long sentence
-    sv_attention.enable(m, "ceq", path_weight=0.1)
-    with pytest.raises(UnsupportedFeatureError, match="causal"):
-        m(**enc)
+    with pytest.raises(UnsupportedFeatureError, match=r"encoder\.layer\.0\.attention\.self: ceq hops are causal"):
+        sv_attention.enable(m, "ceq", path_weight=0.1)  # refused at switch time, with the module's path
+    assert m.config._attn_implementation == "sv_attention"
 
 
 def test_static_cache_sv_works_and_ceq_hops_refuse():

@@ -82,3 +82,64 @@ def step_logits(model, ids: torch.Tensor, prompt: int, *, spelling: str = "cache
                 kw["attention_mask"] = attention_mask[:, :t1]
             out.append(model(ids[:, t0:t1], use_cache=True, **kw).logits)
     return torch.cat(out, dim=1)
+
+
+def _tiny(cfg, auto: str = "AutoModelForCausalLM", seed: int = 0):
+    import transformers
+
+    torch.manual_seed(seed)
+    cls = getattr(transformers, auto)
+    return (cls.from_config(cfg) if hasattr(cls, "from_config") else cls(cfg)).eval()
+
+
+def gemma2(seed: int = 0):
+    """Gemma2 with its default attention-logit softcapping (50)."""
+    from transformers import Gemma2Config
+
+    return _tiny(Gemma2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8), seed=seed)
+
+
+def t5(seed: int = 0):
+    from transformers import T5Config
+
+    return _tiny(T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                          decoder_start_token_id=0), "AutoModelForSeq2SeqLM", seed)
+
+
+def bart(seed: int = 0, layers: int = 1):
+    from transformers import BartConfig
+
+    return _tiny(BartConfig(vocab_size=VOCAB, d_model=64, encoder_layers=layers, decoder_layers=layers,
+                            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                            decoder_ffn_dim=128, max_position_embeddings=256), "AutoModelForSeq2SeqLM", seed)
+
+
+def distilbert(seed: int = 0):
+    from transformers import DistilBertConfig
+
+    return _tiny(DistilBertConfig(vocab_size=VOCAB, dim=64, hidden_dim=128, n_layers=2, n_heads=4),
+                 "AutoModelForMaskedLM", seed)
+
+
+def vit(seed: int = 0):
+    from transformers import ViTConfig
+
+    return _tiny(ViTConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=16, patch_size=4), "ViTModel", seed)
+
+
+def whisper(seed: int = 0):
+    from transformers import WhisperConfig
+
+    return _tiny(WhisperConfig(vocab_size=VOCAB, d_model=64, encoder_layers=1, decoder_layers=1,
+                               encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                               decoder_ffn_dim=128, num_mel_bins=8, max_source_positions=16,
+                               max_target_positions=64, decoder_start_token_id=0, pad_token_id=0,
+                               bos_token_id=0, eos_token_id=0), "WhisperForConditionalGeneration", seed)
+
+
+def falcon(seed: int = 0):
+    from transformers import FalconConfig
+
+    return _tiny(FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4), seed=seed)
