@@ -15,8 +15,11 @@ Common behaviour
 - Dropout on the attention weights when the model passes a non-zero ``dropout`` (it does in training).
 - ``output_attentions=True`` returns the weights (``"sv_attention"``: the gated, renormalised softmax
   ``[b, h, q, kv]``; ``"ceq"``: the ceq matrix ``A``).
-- ``softcap``, ``s_aux`` and ``position_bias`` change the semantics and are not implemented: they raise
-  :class:`~sv_attention.errors.UnsupportedFeatureError` instead of being ignored.
+- ``softcap``, ``s_aux``, ``position_bias`` and ``block_indices`` change the semantics and are not
+  implemented: they raise :class:`~sv_attention.errors.UnsupportedFeatureError` (naming the module path and
+  the model) instead of being ignored; :mod:`sv_attention.hf.compat` refuses most of them at switch time.
+- ``indices`` (DeepSeek-V3.2's sparse top-k selection, handed to every implementation but eager / sdpa) is
+  folded into the boolean mask before the operator, as the model does for sdpa (:func:`fold_indices`).
 - Hyperparameters are read from ``module.config.sv_attention`` / ``module.config.ceq`` at call time
   (:mod:`sv_attention.hf.settings`; documented defaults when absent).
 
@@ -75,6 +78,33 @@ def _refuse_unsupported(name: str, module: torch.nn.Module, kwargs: dict[str, An
                 f"{module_label(module)} ({model}): {name!r} attention does not implement the {key!r} argument "
                 "(this model passes it, and ignoring it would change the model's outputs); use "
                 "attn_implementation='eager' or 'sdpa' for this model")
+
+
+def fold_indices(module: torch.nn.Module, attention_mask: torch.Tensor | None, kwargs: dict[str, Any],
+                 q_len: int, kv_len: int, batch: int, device: torch.device) -> torch.Tensor | None:
+    """Fold a sparse key selection passed as ``indices=`` into the mask (popped from ``kwargs``).
+
+    DeepSeek-V3.2-style models fold their indexer's top-k selection into the mask only for ``"eager"`` /
+    ``"sdpa"``; any other implementation receives it as ``indices`` ``[b, q_len, topk]`` (key columns each
+    query may attend). Returns the mask with exactly that selection applied the way the model does for
+    sdpa: a boolean mask ``& selected``, an additive one filled with the dtype's minimum off the selection;
+    ``None`` (or a 2-D padding mask) becomes the boolean visibility of :func:`visible_mask` first.
+    """
+    indices = kwargs.pop("indices", None)
+    if indices is None:
+        return attention_mask
+    if not isinstance(indices, torch.Tensor) or indices.dim() != 3 or indices.shape[:2] != (batch, q_len):
+        raise InvalidInputError(
+            f"{module_label(module)}: indices= must be an integer tensor [b, q_len, topk] = [{batch}, {q_len}, k], "
+            f"got {getattr(indices, 'shape', type(indices).__name__)}")
+    selected = torch.zeros(batch, q_len, kv_len, dtype=torch.bool, device=device)
+    selected = selected.scatter(-1, indices.long().to(device), True)[:, None]
+    if attention_mask is None or attention_mask.dim() == 2:
+        causal = _is_causal(module, kwargs)
+        return visible_mask(attention_mask, batch, q_len, kv_len, causal, device)[:, None] & selected
+    if attention_mask.dtype == torch.bool:
+        return attention_mask & selected
+    return attention_mask.masked_fill(~selected, torch.finfo(attention_mask.dtype).min)
 
 
 def _is_causal(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
@@ -154,8 +184,10 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     attention_mask : None, bool / additive float ``[b, 1, q_len, kv_len]`` or 2-D ``[b, kv_len]``
     dropout : float  attention-weight dropout probability (the model passes 0 outside training)
     scaling : float or None  logit scale (``d ** -0.5`` when None)
-    **kwargs : ``output_attentions``, ``use_cache``, ``sliding_window``, ``is_causal`` are read;
-        ``softcap`` / ``s_aux`` / ``position_bias`` raise UnsupportedFeatureError; others are ignored.
+    **kwargs : ``output_attentions``, ``use_cache``, ``sliding_window``, ``is_causal`` are read; ``indices``
+        (a DeepSeek-V3.2-style top-k key selection) is folded into the mask (:func:`fold_indices`);
+        ``softcap`` / ``s_aux`` / ``position_bias`` / ``block_indices`` raise UnsupportedFeatureError; others
+        are ignored.
 
     Returns
     -------
@@ -168,6 +200,7 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     check_gqa(query, key, value)
     b, h, q_len, d = query.shape
     g, kv_len = key.shape[1], key.shape[2]
+    attention_mask = fold_indices(module, attention_mask, kwargs, q_len, kv_len, b, query.device)
     sc = float(scaling) if scaling is not None else d ** -0.5
     causal = _is_causal(module, kwargs)
     layer_idx = getattr(module, "layer_idx", None)
@@ -233,7 +266,8 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     module, query, key, value, attention_mask, dropout, scaling
         As for :func:`sv_attention_forward`.
     **kwargs : ``output_attentions`` (returns the ceq matrix A ``[b, h, q, kv]``), ``use_cache``,
-        ``sliding_window``, ``is_causal`` are read; ``softcap`` / ``s_aux`` / ``position_bias`` raise.
+        ``sliding_window``, ``is_causal`` are read; ``indices`` is folded into the mask;
+        ``softcap`` / ``s_aux`` / ``position_bias`` / ``block_indices`` raise.
 
     Returns
     -------
@@ -255,6 +289,9 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     settings: CeqSettings = module_settings(module, CEQ_NAME)  # type: ignore[assignment]
     ensure_compatible(module, CEQ_NAME, settings)
     _refuse_unsupported(CEQ_NAME, module, kwargs)
+    unselected = attention_mask  # the layout (queries = last key columns) is checked before the selection
+    attention_mask = fold_indices(module, attention_mask, kwargs, query.shape[2], key.shape[2], query.shape[0],
+                                  query.device)
     weight = _path_weight(module, settings)
     output_attentions = bool(kwargs.get("output_attentions"))
     stock_only = settings.form == "hybrid" and isinstance(weight, float) and weight == 0.0
@@ -278,13 +315,18 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
         raise UnsupportedFeatureError(
             f"{module_label(module)}: ceq hops are causal (A is strictly lower-triangular) but this layer is not "
             "causal (an encoder); use path_weight=0 or another attention implementation there")
+    if unselected is not attention_mask:
+        from sv_attention.ops.ceq.state import require_queries_last
+
+        require_queries_last(unselected, query.shape[2], key.shape[2], layer_idx)
     keep_state = bool(kwargs.get("use_cache", True)) and not training
     held = module.__dict__.get(STATE_ATTR)
     result = ceq_layer_attention(
         query, key, value, attention_mask, settings, path_weight=weight, scaling=scaling, dropout=float(dropout),
         training=training or float(dropout) > 0.0, is_causal=causal,
         state=held if isinstance(held, HopState) else None, keep_state=keep_state,
-        sliding=_sliding_window(module, kwargs) is not None, layer_idx=layer_idx, return_weights=output_attentions)
+        sliding=_sliding_window(module, kwargs) is not None, layer_idx=layer_idx, return_weights=output_attentions,
+        check_layout=unselected is attention_mask)
     if keep_state:
         module.__dict__[STATE_ATTR] = result.state
     return result.out.transpose(1, 2).contiguous(), result.weights

@@ -143,3 +143,16 @@ def falcon(seed: int = 0):
     from transformers import FalconConfig
 
     return _tiny(FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4), seed=seed)
+
+
+def deepseek_v32(seed: int = 0, index_topk: int = 4):
+    """DeepSeek-V3.2 with a sparse indexer keeping ``index_topk`` keys per query (MLA, 2 layers, dense MLPs)."""
+    from transformers import DeepseekV32Config
+
+    cfg = DeepseekV32Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+                            n_group=1, topk_group=1, num_experts_per_tok=2, kv_lora_rank=16, q_lora_rank=32,
+                            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8, index_topk=index_topk,
+                            index_head_dim=16, index_n_heads=2, first_k_dense_replace=2,
+                            max_position_embeddings=256)
+    return _tiny(cfg, seed=seed)
