@@ -419,6 +419,17 @@ class IncrementalSVDD(ReadAPI):
                     f"least {need} keys are needed; remove fewer keys or add keys first")
             pre = need - n_after
         guards0, events0 = Counter(self._guards), self._events
+        inert = [self._id_to_slot[i] for i in active]
+        if pre == 0 and self._S and all(self._alpha[k] == 0.0 and self._status[k] == RESERVE for k in inert):
+            # only keys with alpha = 0: the solution, rho and every gradient stay as they are (no walk, no
+            # re-check, nothing that can fail)
+            for i in id_list:
+                if i in self._evicted:
+                    del self._evicted[i]
+                    self._ev_stack = None
+                else:
+                    self._drop_slot(self._id_to_slot[i])
+            return self._receipt(DeletionReceipt, tuple(id_list), t0, guards0, events0, False, readmitted=())
 
         def body() -> tuple[bool, tuple[int, ...]]:
             fallback = False
@@ -1294,8 +1305,10 @@ class IncrementalSVDD(ReadAPI):
         Whatever c still holds afterwards is removed by the deletion walk.
         """
         n = self._n
-        eq = np.flatnonzero((self._X[:n] == self._X[c]).all(axis=1))
-        twins = eq[eq != c]
+        cand = np.flatnonzero(self._K[c, :n] == 1.0)  # a twin's kernel is exactly 1 (cheap prefilter)
+        if cand.size <= 1:
+            return
+        twins = cand[(cand != c) & (self._X[cand] == self._X[c]).all(axis=1)]
         if twins.size == 0:
             return
         st, alpha, g, C = self._status, self._alpha, self._g, self.C

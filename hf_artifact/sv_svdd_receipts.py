@@ -91,11 +91,13 @@ def kkt_residuals(alpha: np.ndarray, g: np.ndarray, status: np.ndarray, C: float
     margin = _worst(np.abs(g[s]))
     error = _worst(g[e])
     reserve = _worst(-g[r])
-    box = max(_worst(-alpha), _worst(alpha - C))
+    lo, hi = float(alpha.min()), float(alpha.max())
+    box = float("inf") if lo != lo or hi != hi else max(0.0, -lo, hi - C)  # NaN != NaN
     # alpha must also sit exactly on its bound for E / R
     box = max(box, _worst(np.abs(alpha[e] - C)), _worst(np.abs(alpha[r])))
     ev = _worst(-g_evicted) if g_evicted is not None else 0.0
-    return KKTResiduals(sum=_worst(np.abs(np.atleast_1d(alpha.sum() - 1.0))), margin=margin, error=error,
+    total = abs(float(alpha.sum()) - 1.0)
+    return KKTResiduals(sum=total if total == total else float("inf"), margin=margin, error=error,
                         reserve=reserve, box=box, evicted=ev)
 
 
@@ -103,10 +105,10 @@ def _worst(v: np.ndarray) -> float:
     """``max(0, max(v))``, with ``inf`` when ``v`` holds a NaN (never read as 0: ``max(0, nan)`` is 0)."""
     if v.size == 0:
         return 0.0
-    m = float(np.max(v))
-    if np.isnan(m):
+    m = float(v.max())
+    if m != m:  # NaN
         return float("inf")
-    return max(0.0, m)
+    return m if m > 0.0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from .sv_svdd_receipts import ERROR, MARGIN, RESERVE, KKTResiduals, Partition, k
 BOUND_TOL = 1e-12
 REFIT_TOL = 1e-10
 """KKT residual a converged reference solve reaches (SMO stops at a violation of 1e-13)."""
-SMO_EXTRA_ROUNDS = 20
+SMO_EXTRA_ROUNDS = 10
 """Further rounds of ``200 n + 1000`` SMO iterations when the first round and the polish miss REFIT_TOL."""
 MIN_C = 2.0 ** -53
 """Smallest accepted box: a smaller C needs more than 2**53 keys before ``n * C >= 1``."""
