@@ -64,9 +64,10 @@ def reset_state(model: torch.nn.Module) -> int:
     """
     n = 0
     for m in model.modules():
-        if STATE_ATTR in m.__dict__:
-            del m.__dict__[STATE_ATTR]
-            n += 1
+        held = [a for a in (STATE_ATTR, POSITIONS_ATTR) if a in m.__dict__]
+        for a in held:
+            del m.__dict__[a]
+        n += bool(held)
     return n
 
 
@@ -142,6 +143,50 @@ def visible_mask(mask: torch.Tensor | None, b: int, q_len: int, kv_len: int, cau
                             "by the heads ([b, 1, q, kv])")
         bm = bm[:, :1]
     return bm[:, 0].to(device).expand(b, q_len, kv_len)
+
+
+#: The notice (once per process) on the first gated call of a sliding-window layer.
+SLIDING_NOTICE = (
+    "sv_attention on sliding-window layers (window rule, sv_attention.ops.sv_gate.schedule): a query whose "
+    "window covers every earlier key reads exactly the full-attention gate; a query whose window has dropped the "
+    "oldest keys reads a gate fitted on the keys its window leaves visible before its chunk boundary (refitted per "
+    "distinct window start, not kept across decode steps); keys outside the window are not attended and not "
+    "gated; a query with fewer than ceil(1/C) + 2 gated keys in its window, or in chunk 0, reads plain softmax. "
+    "Set sliding_window='softmax' for plain softmax on these layers or 'refuse' to refuse them.")
+#: attribute of an attention module holding the key positions of a sliding-window layer (:func:`_window_positions`)
+POSITIONS_ATTR = "_sv_attention_positions"
+
+
+def _window_positions(module: torch.nn.Module, key: torch.Tensor, visible: torch.Tensor,
+                      keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which key columns are real keys and how many valid keys a rolling cache dropped before column 0.
+
+    A sliding-window layer's decode step sees only its window: keys out of it are invisible but are not
+    padding, and a rolling cache (``DynamicSlidingWindowLayer``) drops the oldest columns. Both are read off
+    the previous call of the module (kept when ``keep``): when its last key columns equal this call's first
+    ``kv - q`` ones (first feature, compared exactly), the dropped columns and the old columns' validity
+    come from it; otherwise (a fresh prefill) a key is valid when some query sees it and nothing was dropped.
+
+    Returns
+    -------
+    valid : bool ``[b, kv]``; base : long ``[b]``
+    """
+    b, g, kv, _ = key.shape
+    q = visible.shape[1]
+    now = visible.any(1)
+    fp = key[:, :, :, 0].detach()
+    valid, base = now, torch.zeros(b, dtype=torch.long, device=key.device)
+    prev = module.__dict__.get(POSITIONS_ATTR) if keep else None
+    kept = kv - q
+    if prev is not None and prev[0].shape[:2] == (b, g) and 0 < kept <= prev[0].shape[-1]:
+        old_fp, old_valid, old_base = prev
+        dropped = old_fp.shape[-1] - kept
+        if torch.equal(old_fp[..., dropped:], fp[..., :kept]):
+            base = old_base + old_valid[:, :dropped].sum(-1)
+            valid = torch.cat([old_valid[:, dropped:], now[:, kept:]], 1)
+    if keep:
+        module.__dict__[POSITIONS_ATTR] = (fp.clone(), valid, base)
+    return valid, base
 
 
 def _handoff_bias(handoff: GateHandoff, visible: torch.Tensor, causal: bool, b: int, g: int, q_len: int,
@@ -220,18 +265,22 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     if window is not None and settings.gated:
         if settings.sliding_window == "refuse":
             raise UnsupportedFeatureError(
-                f"layer {layer_idx} uses a sliding window ({window}); sv_attention was configured with "
-                "sliding_window='refuse'. Use sliding_window='softmax' to run plain softmax inside the "
-                "window on such layers, or disable the window in the model config")
-        warn_once("sliding", "sv_attention: layers with a sliding window run plain softmax inside the "
-                  "window (the window is honoured, the SV gate is not applied there); set "
-                  "sliding_window='refuse' to make this an error")
-        settings = settings.replace(gated=False)
+                f"{module_label(module)} uses a sliding window ({window}); sv_attention was configured with "
+                "sliding_window='refuse'. Use sliding_window='gate' (the default) or disable the window in the "
+                "model config")
+        if settings.sliding_window == "softmax":
+            warn_once("sliding-softmax", "sv_attention: sliding_window='softmax': layers with a sliding window run "
+                      "plain softmax inside the window (the window is honoured, the SV gate is not applied there)")
+            settings = settings.replace(gated=False)
+        else:
+            warn_once("sliding-gate", SLIDING_NOTICE)
     keep_state = bool(kwargs.get("use_cache", True)) and not module.training
     state = module.__dict__.get(STATE_ATTR) if keep_state else None
+    valid, base = (_window_positions(module, key, visible, keep_state)
+                   if causal and window is not None and settings.gated else (None, None))
     result = sv_gate_attention(query, key, value, visible, settings, scaling=sc, causal=causal,
                                state=state if isinstance(state, GateState) else None, keep_state=keep_state,
-                               dropout=float(dropout), return_weights=output_attentions)
+                               dropout=float(dropout), return_weights=output_attentions, valid=valid, base=base)
     if keep_state and causal:
         module.__dict__[STATE_ATTR] = result.state
     return result.out.transpose(1, 2).contiguous(), result.weights

@@ -156,3 +156,29 @@ def deepseek_v32(seed: int = 0, index_topk: int = 4):
                             index_head_dim=16, index_n_heads=2, first_k_dense_replace=2,
                             max_position_embeddings=256)
     return _tiny(cfg, seed=seed)
+
+
+def mistral_default(seed: int = 0):
+    """Mistral with the default config's sliding window (4096): every layer receives a window."""
+    from transformers import MistralConfig
+
+    return _tiny(MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256), seed=seed)
+
+
+def starcoder2(seed: int = 0, window: int | None = 4):
+    from transformers import Starcoder2Config
+
+    return _tiny(Starcoder2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, sliding_window=window,
+                                  max_position_embeddings=256), seed=seed)
+
+
+def gemma3(seed: int = 0, window: int = 4):
+    """Gemma3 text model: layer 0 sliding (``window``), layer 1 full attention."""
+    from transformers import Gemma3TextConfig
+
+    return _tiny(Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=window,
+                                  layer_types=["sliding_attention", "full_attention"],
+                                  max_position_embeddings=256), seed=seed)

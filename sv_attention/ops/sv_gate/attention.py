@@ -58,7 +58,8 @@ def check_gqa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> in
 def sv_gate_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
                       settings: SVSettings, *, scaling: float | None = None, causal: bool = True,
                       state: GateState | None = None, keep_state: bool = False, dropout: float = 0.0,
-                      return_weights: bool = False) -> GatedAttention:
+                      return_weights: bool = False, valid: torch.Tensor | None = None,
+                      base: torch.Tensor | None = None) -> GatedAttention:
     """SV-gated softmax-hybrid attention.
 
     Parameters
@@ -74,6 +75,9 @@ def sv_gate_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     keep_state : bool  return the updated state in ``result.gate.state``
     dropout : float  attention-weight dropout (training)
     return_weights : bool  also return the weights
+    valid, base : the key columns that are real keys and the valid keys before column 0, when the caller
+        knows them (a sliding-window layer's decode step over a rolling cache; see
+        :meth:`~sv_attention.ops.sv_gate.schedule.GateSchedule.from_visible`)
 
     Returns
     -------
@@ -91,7 +95,8 @@ def sv_gate_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         gate_keys = key if key.dtype in (torch.float32, torch.float64) else key.float()
         detach = settings.detach_gate or not (torch.is_grad_enabled() and gate_keys.requires_grad)
         if causal:
-            gate = causal_gate(gate_keys, visible, settings, state=state, keep_state=keep_state, detach=detach)
+            gate = causal_gate(gate_keys, visible, settings, state=state, keep_state=keep_state, detach=detach,
+                               valid=valid, base=base)
         else:
             gate = full_gate(gate_keys, visible, settings, detach=detach)
     bias = None if gate is None else gate.bias
