@@ -26,11 +26,14 @@ Common behaviour
 Decoding state: both functions keep a small per-layer state on the attention module (attribute
 ``_sv_attention_state``): the SV gates per chunk boundary, or the ceq hop history. It is checked against
 a fingerprint of the keys on every call, so fresh prefills, crops and beam reorders are detected; call
-:func:`reset_state` to drop it (e.g. to free memory after generation).
+:func:`reset_state` to drop it (e.g. to free memory after generation). A non-causal layer (cross-attention,
+an encoder) keeps its last gate (:class:`FixedKeysGate`) and reuses it while the keys are unchanged (every
+key's first feature compared exactly): a cross-attention gate is fitted once per generation.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,8 +51,10 @@ from sv_attention.hf.settings import (
 )
 from sv_attention.ops.masking import to_bool_mask
 from sv_attention.ops.sv_gate import GateState, check_gqa, sv_gate_attention
-from sv_attention.ops.sv_gate.fit import warn_once
+from sv_attention.ops.sv_gate.fit import count, warn_once
+from sv_attention.ops.sv_gate.gate import Gate
 from sv_attention.ops.sv_gate.readout import grouped_attention
+from sv_attention.ops.sv_gate.state import key_fingerprint
 
 STATE_ATTR = "_sv_attention_state"
 _UNSUPPORTED = ("softcap", "s_aux", "position_bias", "block_indices")
@@ -189,6 +194,36 @@ def _window_positions(module: torch.nn.Module, key: torch.Tensor, visible: torch
     return valid, base
 
 
+@dataclass
+class FixedKeysGate:
+    """The gate of a non-causal layer kept for the next call on the same keys (cross-attention: the encoder
+    keys do not change during a generation, so the gate is fitted once per generation).
+
+    Attributes
+    ----------
+    fingerprint : Tensor ``[b, g, kv]``  first feature of every key (compared exactly)
+    valid : bool Tensor ``[b, kv]``  keys some query may attend
+    settings : SVSettings  the settings object the gate was fitted with (compared by identity)
+    gate : Gate
+    """
+
+    fingerprint: torch.Tensor
+    valid: torch.Tensor
+    settings: SVSettings
+    gate: Gate
+
+
+def _reusable_gate(held: Any, key: torch.Tensor, visible: torch.Tensor, settings: SVSettings) -> Gate | None:
+    """The kept non-causal gate when it was fitted on exactly these keys, visibility and settings."""
+    if not isinstance(held, FixedKeysGate) or held.settings is not settings \
+            or held.fingerprint.shape != key.shape[:3] or held.valid.shape != (key.shape[0], key.shape[2]):
+        return None
+    if not (torch.equal(held.fingerprint, key[:, :, :, 0]) and torch.equal(held.valid, visible.any(1))):
+        return None
+    count("cross_gate_reused")
+    return held.gate
+
+
 def _handoff_bias(handoff: GateHandoff, visible: torch.Tensor, causal: bool, b: int, g: int, q_len: int,
                   kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-bias and visibility from a gate deposited by a certified cache."""
@@ -278,11 +313,15 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     state = module.__dict__.get(STATE_ATTR) if keep_state else None
     valid, base = (_window_positions(module, key, visible, keep_state)
                    if causal and window is not None and settings.gated else (None, None))
+    fitted = _reusable_gate(state, key, visible, settings) if keep_state and not causal and settings.gated else None
     result = sv_gate_attention(query, key, value, visible, settings, scaling=sc, causal=causal,
                                state=state if isinstance(state, GateState) else None, keep_state=keep_state,
-                               dropout=float(dropout), return_weights=output_attentions, valid=valid, base=base)
+                               dropout=float(dropout), return_weights=output_attentions, valid=valid, base=base,
+                               gate=fitted)
     if keep_state and causal:
         module.__dict__[STATE_ATTR] = result.state
+    elif keep_state and settings.gated and result.gate is not None and fitted is None:
+        module.__dict__[STATE_ATTR] = FixedKeysGate(key_fingerprint(key), visible.any(1), settings, result.gate)
     return result.out.transpose(1, 2).contiguous(), result.weights
 
 
