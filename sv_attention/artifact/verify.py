@@ -182,9 +182,10 @@ def certificate_self_check(model: torch.nn.Module, text: str) -> dict[str, Any]:
     if config.operator != "sv":
         return {"applicable": False, "reason": f"operator {config.operator!r} carries no SV certificate"}
     from sv_attention.kernels import median_bandwidth
+    from sv_attention.ops.settings import model_operator_settings
     from sv_attention.svdd import IncrementalSVDD
 
-    knobs = config.operator_config
+    settings = model_operator_settings(config.operator, config.operator_config)
     block = config.max_position_embeddings
     raw = (text.encode("utf-8") * (block // max(1, len(text)) + 1))[:block]
     ids = torch.tensor([list(raw)])
@@ -196,8 +197,8 @@ def certificate_self_check(model: torch.nn.Module, text: str) -> dict[str, Any]:
     finally:
         handle.remove()
     keys = seen["k"][0].view(ids.shape[1], config.num_attention_heads, -1)[:, 0].double()
-    sigma = knobs.get("sigma") or float(median_bandwidth(keys))
-    solver = IncrementalSVDD.from_nu(nu=knobs["nu"], n0=knobs["n0"], sigma=sigma)
+    sigma = settings.sigma or float(median_bandwidth(keys))
+    solver = IncrementalSVDD(C=settings.box, sigma=sigma)  # the settings' box (C, or nu * n0 with n0 = chunk)
     solver.add(keys.numpy())
     cert = solver.certificate()
     return {"applicable": True, "certified": bool(cert.certified), "reason": cert.reason, "n": cert.n,

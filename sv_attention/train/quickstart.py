@@ -215,7 +215,8 @@ def run_quickstart(opts: QuickstartOptions) -> dict[str, Any]:
     context = ec.path.read_bytes()[val_start:val_start + opts.block_size]
     sv_knobs = model.config.operator_config if model.config.operator == "sv" else {}
     demo = certified_context_demo(model, context, chunk=int(sv_knobs.get("chunk", opts.chunk)),
-                                  nu=float(sv_knobs.get("nu", 0.5)), n0=int(sv_knobs.get("n0", opts.chunk)))
+                                  nu=float(sv_knobs.get("nu") or 0.5),
+                                  n0=int(sv_knobs.get("n0") or sv_knobs.get("chunk") or opts.chunk))
     e, d = demo["eviction"], demo["deletion"]
     _say(f"  eviction: certified={e['certified']}, {e['n_evicted']} (layer, token) slots evicted, slots per layer "
          f"{e['slots_before']} -> {e['slots_after']}, KV memory {e['memory_bytes_before']:,} -> "
