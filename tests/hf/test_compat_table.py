@@ -5,6 +5,7 @@ alpha = 0 must be bitwise sdpa. Writes results/compat.json (rendered by `sv-atte
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 import sv_attention
 from sv_attention.errors import UnsupportedFeatureError
-from sv_attention.results import write_result
+from sv_attention.results import results_dir, write_result
 
 from . import tiny
 from .compat_models import ARCHS
@@ -176,7 +177,11 @@ def test_compatibility_table():
             if row["kind"] == "causal":
                 assert row["ceq"]["status"] == "accepted", (name, row["ceq"])
     summary = {impl: sum(r[impl]["status"] == "accepted" for r in rows.values()) for impl in SETTINGS}
-    write_result("compat", {"architectures": rows, "summary": {"architectures": len(rows), **{
+    payload = {"architectures": rows, "summary": {"architectures": len(rows), **{
         f"{impl}_accepted": n for impl, n in summary.items()}, "alpha0_bitwise": sum(
-        bool(r["alpha0_bitwise"]) for r in rows.values())}, "settings": SETTINGS},
-        command="pytest tests/hf/test_compat_table.py")
+        bool(r["alpha0_bitwise"]) for r in rows.values())}, "settings": SETTINGS}
+    path = results_dir() / "compat.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    if {k: old.get(k) for k in payload} != json.loads(json.dumps(payload)):
+        # rewritten only when a result changed (the provenance alone would make README / the card stale)
+        write_result("compat", payload, command="pytest tests/hf/test_compat_table.py")
