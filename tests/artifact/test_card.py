@@ -134,7 +134,7 @@ def test_limits_are_operator_specific(exported, op, words):
 
 
 def test_beta_wording_uses_the_beta_test_constant(exported, monkeypatch):
-    import sv_attention.ops.beta_test as bt
+    import sv_attention.analysis.beta_test as bt
 
     monkeypatch.setattr(bt, "CHI2_95_1DOF", 9.25)
     m = _manifest(exported)
