@@ -25,9 +25,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def dig(data: dict, path: str):
+def dig(data, path: str):
+    """``a.b`` walks dicts; ``rows[name=x,context=512]`` picks the one list element with those fields."""
     for part in path.split("."):
-        data = data[part]
+        if "[" in part:
+            key, sel = part[:-1].split("[", 1)
+            conds = dict(c.split("=", 1) for c in sel.split(","))
+            data = next(e for e in data[key] if all(str(e.get(k)) == v for k, v in conds.items()))
+        else:
+            data = data[part]
     return data
 
 
