@@ -151,6 +151,7 @@ def _usable_state(state: GateState | None, key: torch.Tensor, sched: GateSchedul
     return state
 
 
+@torch.compiler.disable  # the solver boundary: under torch.compile the gate runs eagerly (one graph break per call)
 def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, *,
                 state: GateState | None = None, keep_state: bool = False, detach: bool = True,
                 valid: torch.Tensor | None = None, base: torch.Tensor | None = None) -> Gate:
@@ -371,6 +372,7 @@ def _fit_batched(alphas: list[torch.Tensor], bounds: list[int], rows_of: list[to
                 known[s] = (alphas[i], done)
 
 
+@torch.compiler.disable  # the solver boundary (see causal_gate)
 def full_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, *, detach: bool = True) -> Gate:
     """The gate of a non-causal (encoder) layer: one gate per (sequence, kv-head) on all valid keys.
 
