@@ -53,6 +53,8 @@ def _fused_stock_mode(mask: torch.Tensor | None, bm: torch.Tensor | None, q_len:
     """
     if mask is None or mask.dim() == 2:
         return "causal"
+    if torch.compiler.is_compiling():  # no data-dependent branch in a graph: the unfused path is always exact
+        return None
     future = ~causal_mask(q_len, kv_len, device=device)[None, None]
     return None if bool((bm.to(device) & future).any()) else "mask"
 

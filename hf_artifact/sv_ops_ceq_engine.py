@@ -56,7 +56,7 @@ def _masked_probs(w: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:
     bias = torch.zeros(vis.shape, dtype=w.dtype, device=w.device).masked_fill_(~vis, torch.finfo(w.dtype).min / 2)
     p = _softmax(w + bias)
     has = vis.any(dim=-1, keepdim=True)
-    if not bool(has.all()):
+    if torch.compiler.is_compiling() or not bool(has.all()):  # compiled: no data-dependent branch (x * 1 == x)
         p.mul_(has)
     return p
 

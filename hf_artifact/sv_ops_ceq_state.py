@@ -69,7 +69,8 @@ def reserve_columns(bufs: list[torch.Tensor], start: int, live: int, need: int) 
     """
     if not bufs:
         return bufs, start
-    writable = not bufs[0].is_inference() or torch.is_inference_mode_enabled()
+    # (a compiled graph cannot ask is_inference(); dynamo refuses inference tensors anyway)
+    writable = torch.compiler.is_compiling() or not bufs[0].is_inference() or torch.is_inference_mode_enabled()
     if writable and start + need <= bufs[0].shape[2]:
         return bufs, start
     return take_columns(bufs, start, live, need), 0
@@ -103,7 +104,11 @@ def require_queries_last(mask: torch.Tensor | None, q_len: int, kv_len: int, lay
         has = vis.any(-1)
         last = kv_len - 1 - vis.flip(-1).long().argmax(-1)  # last visible column of each row
         want = torch.arange(kv_len - q_len, kv_len, device=vis.device)[None, :]
-        bad = bool(((last != want) & has).any())
+        wrong = ((last != want) & has).any()
+        if torch.compiler.is_compiling():  # checked inside the graph (no .item(): no graph break)
+            torch._assert_async(~wrong, "ceq: the queries are not the last key columns (a static cache)")
+            return
+        bad = bool(wrong)
     if bad:
         raise UnsupportedFeatureError(
             f"ceq layer {layer_idx}: the queries are not the last key columns (a static / pre-allocated cache); "
@@ -266,7 +271,15 @@ class HopState:
         fp_old = self.fingerprint[:, :, start:start + past]
         fp_new = key[:, :, :past, 0]
         bufs = [*self.store, self.fingerprint]
-        if fp_old.shape[:2] == fp_new.shape[:2] and torch.equal(fp_old, fp_new):
+        if torch.compiler.is_compiling() and fp_old.shape == fp_new.shape:
+            # in a compiled graph the check is an assertion (no data-dependent branch): a beam reorder or another
+            # conversation raises at run time instead of being matched; decode those eagerly
+            torch._assert_async((fp_old == fp_new).all(), "ceq: the cached keys differ from the hop history's "
+                                "(another conversation, a crop or a beam reorder); reset the state and prefill again")
+            same = True
+        else:
+            same = fp_old.shape[:2] == fp_new.shape[:2] and torch.equal(fp_old, fp_new)
+        if same:
             if private:
                 bufs, start = take_columns(bufs, start, past, kv_len), 0
             else:

@@ -37,9 +37,11 @@ Every setting, its default and its meaning
     gate_backend = "auto"
         Backend of the batched partition finder: ``"torch"``, ``"mlx"`` or ``"auto"`` (MLX on Apple
         silicon when importable, torch elsewhere).
-    sliding_window = "softmax"
-        Layers with a sliding window: ``"softmax"`` runs plain softmax inside the window (reported once),
-        ``"refuse"`` raises :class:`~sv_attention.errors.UnsupportedFeatureError`.
+    sliding_window = "gate"
+        Layers with a sliding window: ``"gate"`` gates them by the window rule of
+        :mod:`sv_attention.ops.sv_gate.schedule` (exactly the full-attention gate while the window covers
+        every earlier key), ``"softmax"`` runs plain softmax inside the window, ``"refuse"`` raises
+        :class:`~sv_attention.errors.UnsupportedFeatureError` when the attention is switched.
 
 :class:`CeqSettings` (``"ceq"`` plug-in, the model's ``ceq`` / ``ceq_path_sum`` operators)
     path_weight = 0.05
@@ -204,7 +206,7 @@ class SVSettings(OperatorSettings):
     detach_gate: bool = True
     gate_floor: float = 0.0
     gate_backend: str = "auto"
-    sliding_window: str = "softmax"
+    sliding_window: str = "gate"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -240,7 +242,7 @@ class SVSettings(OperatorSettings):
             raise InvalidHyperparameterError(f"gate_floor must be in [0, 1], got {self.gate_floor!r}")
         set_(self, "gate_floor", floor)
         _choice("gate_backend", self.gate_backend, ("auto", "torch", "mlx"))
-        _choice("sliding_window", self.sliding_window, ("softmax", "refuse"))
+        _choice("sliding_window", self.sliding_window, ("gate", "softmax", "refuse"))
 
     @property
     def box(self) -> float:

@@ -60,7 +60,8 @@ def check_gqa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> in
 def sv_gate_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
                       settings: SVSettings, *, scaling: float | None = None, causal: bool = True,
                       state: GateState | None = None, keep_state: bool = False, dropout: float = 0.0,
-                      return_weights: bool = False) -> GatedAttention:
+                      return_weights: bool = False, valid: torch.Tensor | None = None,
+                      base: torch.Tensor | None = None, gate: Gate | None = None) -> GatedAttention:
     """SV-gated softmax-hybrid attention.
 
     Parameters
@@ -76,6 +77,11 @@ def sv_gate_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     keep_state : bool  return the updated state in ``result.gate.state``
     dropout : float  attention-weight dropout (training)
     return_weights : bool  also return the weights
+    valid, base : the key columns that are real keys and the valid keys before column 0, when the caller
+        knows them (a sliding-window layer's decode step over a rolling cache; see
+        :meth:`~sv_attention.ops.sv_gate.schedule.GateSchedule.from_visible`)
+    gate : Gate or None  a non-causal gate already fitted on exactly these keys and this visibility (a
+        cross-attention layer's encoder keys, reused across decode steps); not refitted
 
     Returns
     -------
@@ -87,13 +93,15 @@ def sv_gate_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         raise InvalidInputError(f"visible mask {tuple(visible.shape)} does not match [b, q, kv] = "
                                 f"[{b}, {q}, {key.shape[2]}]")
     sc = float(scaling) if scaling is not None else d ** -0.5
-    gate = None
-    if settings.gated:
+    if gate is not None and (causal or not settings.gated):
+        raise InvalidInputError("a precomputed gate is only accepted for a gated non-causal call")
+    if settings.gated and gate is None:
         # the gate is fitted in fp32 (or fp64) whatever the model's dtype
         gate_keys = key if key.dtype in (torch.float32, torch.float64) else key.float()
         detach = settings.detach_gate or not (torch.is_grad_enabled() and gate_keys.requires_grad)
         if causal:
-            gate = causal_gate(gate_keys, visible, settings, state=state, keep_state=keep_state, detach=detach)
+            gate = causal_gate(gate_keys, visible, settings, state=state, keep_state=keep_state, detach=detach,
+                               valid=valid, base=base)
         else:
             gate = full_gate(gate_keys, visible, settings, detach=detach)
     bias = None if gate is None else gate.bias

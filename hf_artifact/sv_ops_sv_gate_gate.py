@@ -153,8 +153,10 @@ def _usable_state(state: GateState | None, key: torch.Tensor, sched: GateSchedul
     return state
 
 
+@torch.compiler.disable  # the solver boundary: under torch.compile the gate runs eagerly (one graph break per call)
 def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, *,
-                state: GateState | None = None, keep_state: bool = False, detach: bool = True) -> Gate:
+                state: GateState | None = None, keep_state: bool = False, detach: bool = True,
+                valid: torch.Tensor | None = None, base: torch.Tensor | None = None) -> Gate:
     """The gate of a causal layer call.
 
     Parameters
@@ -165,14 +167,16 @@ def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, 
     state : GateState or None  from the previous call of this layer
     keep_state : bool  return an updated state (decoding)
     detach : bool  False: the gates carry the autograd graph of ``key`` (batched solver only)
+    valid, base : see :meth:`GateSchedule.from_visible` (a sliding-window layer's decode steps)
 
     Returns
     -------
-    Gate
+    Gate  (``alphas`` holds the full-attention boundaries; the window rule's gates, refitted every call,
+    are in the bias only)
     """
     b, g, kv, d = key.shape
     q = visible.shape[1]
-    sched = GateSchedule.from_visible(visible, settings)
+    sched = GateSchedule.from_visible(visible, settings, valid=valid, base=base)
     state = _usable_state(state, key, sched, q) if keep_state else None
     if not bool(sched.gated.any()):
         if keep_state:
@@ -194,12 +198,12 @@ def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, 
     else:
         sig = state.sigma.to(dt) if state is not None else torch.full((b, g), float("nan"), dtype=dt,
                                                                      device=key.device)
-        need = sched.gated.any(-1)[:, None] & torch.isnan(sig)
+        need = sched.full.any(-1)[:, None] & torch.isnan(sig)
         if bool(need.any()):
             sig = torch.where(need, bandwidth(kbp(), sched.lengths, settings.chunk).to(dt), sig)
 
     bounds = sched.boundaries()
-    rows_of = [(sched.gated & (sched.boundary == s)).any(-1) for s in bounds]  # [b] sequences reading s
+    rows_of = [(sched.full & (sched.boundary == s)).any(-1) for s in bounds]  # [b] sequences reading s
     alphas: list[torch.Tensor] = []
     todo: list[tuple[int, int, torch.Tensor]] = []  # (boundary index, s, sequences to fit)
     for i, s in enumerate(bounds):
@@ -242,6 +246,10 @@ def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, 
     for i in range(S):
         a = alphas[i].clamp_min(settings.gate_floor) if settings.gate_floor > 0 else alphas[i]
         table = _set_slot(table, i, a)
+    windows = sched.window_slots()
+    if windows:  # the window rule: one gate per distinct (a, s), on the keys at positions [a, s)
+        rows = _window_rows(key, sched, windows, kbp, P, settings, detach)
+        table = torch.cat([table[:, :, :S], rows, table[:, :, S:]], 2)
     if keep_state:
         state = state or GateState.new(key, sig)
         for i, s in enumerate(bounds):
@@ -256,11 +264,50 @@ def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, 
         oldest = int(last.min())
         for s_old in [s_ for s_ in state.gates if s_ < oldest]:
             del state.gates[s_old], state.done[s_old]
-    slot = torch.full((b, q), S, dtype=torch.long, device=key.device)
+    slot = torch.full((b, q), S + len(windows), dtype=torch.long, device=key.device)
     for i, s in enumerate(bounds):
-        slot = torch.where(sched.gated & (sched.boundary == s), torch.full_like(slot, i), slot)
-    bias = GateBias(log_table=safe_log(table), slot=slot, key_position=sched.key_position.clamp_min(0))
+        slot = torch.where(sched.full & (sched.boundary == s), torch.full_like(slot, i), slot)
+    for j, (a, s) in enumerate(windows):
+        hit = sched.windowed & (sched.start == a) & (sched.boundary == s)
+        slot = torch.where(hit, torch.full_like(slot, S + j), slot)
+    bias = GateBias(log_table=safe_log(table), slot=slot, key_position=sched.local_position().clamp_min(0))
     return Gate(bias=bias, sigma=sig, alphas=dict(zip(bounds, alphas)), state=state)
+
+
+def _window_rows(key: torch.Tensor, sched: GateSchedule, windows: list[tuple[int, int]], kbp, P: int,
+                 settings: SVSettings, detach: bool) -> torch.Tensor:
+    """The table rows ``[b, g, len(windows), P]`` of the window rule (:mod:`~sv_attention.ops.sv_gate.schedule`):
+    for slot ``(a, s)``, the gate of the keys at positions ``[a, s)`` (cold fit, bandwidth from the keys at
+    ``[a, min(a + chunk, s))`` unless ``settings.sigma``) at their local positions, 1 elsewhere."""
+    b, g, _, d = key.shape
+    dt, dev = key.dtype, key.device
+    base = sched.base if sched.base is not None else torch.zeros(b, dtype=torch.long, device=dev)
+    keys_all = kbp() if detach else sched.keys_by_position(key, P)
+    solve = CountingSolve(settings.gate_backend)
+    out = []
+    for a, s in windows:
+        readers = (sched.windowed & (sched.start == a) & (sched.boundary == s)).any(-1).nonzero().flatten().tolist()
+        n = s - a
+        starts = [a - int(base[r]) for r in readers]
+        keys = torch.stack([keys_all[r, :, lo:lo + n] for r, lo in zip(readers, starts)]).reshape(-1, n, d)
+        if settings.sigma is not None:
+            sig = torch.full((keys.shape[0],), settings.sigma, dtype=dt, device=dev)
+        else:
+            sig = median_bandwidth(keys[:, :min(settings.chunk, n)].detach()).to(dt)
+        with torch.no_grad(), _fit_threads(dev):
+            alpha = fit_cold(rbf_gram(keys.detach(), sigma=sig[:, None, None]), settings.box, solve)
+        count("window_fits", len(readers))
+        if not detach:
+            alpha = differentiable_gate(rbf_gram(keys, sigma=sig[:, None, None].detach()), alpha.detach(),
+                                        settings.box)
+        alpha = alpha.to(dt).reshape(len(readers), g, n)
+        if settings.gate_floor > 0:
+            alpha = alpha.clamp_min(settings.gate_floor)
+        per_row = [torch.ones(g, P, dtype=dt, device=dev) for _ in range(b)]
+        for k, (r, lo) in enumerate(zip(readers, starts)):
+            per_row[r] = torch.cat([per_row[r][:, :lo], alpha[k], per_row[r][:, lo + n:]], -1)
+        out.append(torch.stack(per_row))
+    return torch.stack(out, 2)
 
 
 def _set_slot(table: torch.Tensor, i: int, alpha: torch.Tensor) -> torch.Tensor:
@@ -327,6 +374,7 @@ def _fit_batched(alphas: list[torch.Tensor], bounds: list[int], rows_of: list[to
                 known[s] = (alphas[i], done)
 
 
+@torch.compiler.disable  # the solver boundary (see causal_gate)
 def full_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, *, detach: bool = True) -> Gate:
     """The gate of a non-causal (encoder) layer: one gate per (sequence, kv-head) on all valid keys.
 

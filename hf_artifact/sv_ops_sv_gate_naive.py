@@ -7,12 +7,14 @@ and decode, the model's forward and generate, the certified cache, ``CausalSVAtt
 gradients w.r.t. ``query``, ``key`` and ``value``. It follows DESIGN §2.1 / §2.5 directly:
 
 - positions count the valid keys of each sequence (a key is valid when some query may attend it);
-- a query at position ``t`` reads boundary ``s = chunk * floor(t / chunk)``; it is gated when
-  ``s >= chunk`` and ``s >= ceil(1/C) + 2``;
-- the gate of boundary ``s`` is the SVDD optimum on the keys at positions ``[0, s)`` from a fresh fp64
+- a query's position ``t`` is the position of the last key it sees, ``a`` that of the first one (0 unless a
+  sliding window hides the oldest keys); it reads boundary ``s = chunk * floor(t / chunk)`` and is gated when
+  ``s >= chunk`` and ``s - a >= ceil(1/C) + 2``;
+- its gate is the SVDD optimum on the keys at positions ``[a, s)`` (the window rule of
+  :mod:`sv_attention.ops.sv_gate.schedule`; ``[0, s)`` without a window) from a fresh fp64
   :class:`~sv_attention.svdd.IncrementalSVDD` (box ``C`` fixed, bandwidth ``sigma`` or the lower median
-  of the pairwise distances of the keys at positions ``< chunk``);
-- weights ``exp(scale q.k_j)`` over the visible keys, times ``alpha_j`` for keys before ``s``, normalised.
+  of the pairwise distances of the keys at positions ``[a, min(a + chunk, s))``);
+- weights ``exp(scale q.k_j)`` over the visible keys, times ``alpha_j`` for keys in ``[a, s)``, normalised.
 
 With ``settings.detach_gate=False`` the gate is differentiated too, by the paper's implicit VJP
 (:func:`differentiable_exact_gate`): the reference of the trainable path's gradient.
@@ -95,29 +97,30 @@ def naive_sv_gate_attention(query: torch.Tensor, key: torch.Tensor, value: torch
             gi = hi // group
             keys_np = key[bi, gi, cols].detach().double().cpu().numpy()
             live = not settings.detach_gate and key.requires_grad
-            if settings.sigma is not None:
-                sigma = settings.sigma
-            else:
-                sigma = median_distance(keys_np if not causal else keys_np[:chunk])
-            gates: dict[int, torch.Tensor] = {}
+            gates: dict[tuple[int, int], torch.Tensor] = {}
             outs = []
             for i in range(q):
                 seen = [j for j in range(kv) if bool(visible[bi, i, j])]
                 if not seen:
                     outs.append(torch.zeros_like(value[bi, gi, 0]))
                     continue
-                t = len(seen) - 1  # the query's position
+                t = position[seen[-1]] if causal else len(cols) - 1  # the query's position
+                a = position[seen[0]] if causal else 0  # its first visible key (> 0 under a sliding window)
                 s = chunk * (t // chunk) if causal else len(cols)
-                gated = settings.gated and (s >= warmup) and (s >= chunk or not causal)
+                gated = settings.gated and (s - a >= warmup) and (s >= chunk or not causal)
                 logits = torch.stack([(query[bi, hi, i] * key[bi, gi, j]).sum() * sc for j in seen])
                 weight = torch.exp(logits - logits.max())
                 if gated:
-                    if s not in gates:
-                        gates[s] = (differentiable_exact_gate(key[bi, gi, cols[:s]].double(), C, sigma) if live
-                                    else torch.as_tensor(exact_gate(keys_np[:s], C, sigma)))
+                    if (a, s) not in gates:
+                        if settings.sigma is not None:
+                            sigma = settings.sigma
+                        else:
+                            sigma = median_distance(keys_np if not causal else keys_np[a:min(a + chunk, s)])
+                        gates[a, s] = (differentiable_exact_gate(key[bi, gi, cols[a:s]].double(), C, sigma) if live
+                                       else torch.as_tensor(exact_gate(keys_np[a:s], C, sigma)))
                     ones = torch.ones((), dtype=weight.dtype)
-                    mult = torch.stack([gates[s][position[j]].to(weight.dtype).clamp_min(settings.gate_floor)
-                                        if position[j] < s else ones for j in seen])
+                    mult = torch.stack([gates[a, s][position[j] - a].to(weight.dtype).clamp_min(settings.gate_floor)
+                                        if a <= position[j] < s else ones for j in seen])
                     weight = weight * mult
                 weight = weight / weight.sum()
                 outs.append((weight[:, None] * value[bi, gi, seen]).sum(0))

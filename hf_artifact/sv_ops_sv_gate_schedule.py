@@ -7,16 +7,25 @@ This module is the only place that knows the chunk-frozen rule (DESIGN §2.5), t
 the exact incremental path, the certified cache and the naive reference) asks it.
 
 - **Positions** come from the visibility mask, not from column indices: a key's position is the number of
-  valid keys before it in its row, a query's position is the number of keys it sees minus one. So left
+  valid keys before it in its sequence (``base``, the valid keys a rolling cache already dropped, plus the
+  valid columns before it), a query's position is the position of the last key it sees (its own). So left
   padding (any count), static caches and per-sequence lengths give each sequence exactly the schedule it
-  has alone.
+  has alone. A key is valid when some query of the call may attend it, unless the caller knows better
+  (``valid=``: a sliding-window layer's decode step, where older keys are out of the window but not padding).
 - **Boundary** of a query at position ``t``: ``s = (t // chunk) * chunk`` (:func:`boundary_of`); the query
-  reads the gate fitted on the keys at positions ``[0, s)`` and its own chunk ``[s, t]`` densely.
-- **Warm-up**: a boundary is gated only when ``s >= chunk`` and ``s >= ceil(1/C) + 2``
-  (:func:`sv_attention.ops.settings.warmup_size`); otherwise the query reads plain softmax.
-- **Bandwidth** (``sigma=None``): the median pairwise distance of the keys at positions ``< chunk``
-  (:data:`bandwidth_keys`), per (sequence, kv-head), fixed for the sequence; for a non-causal layer the
-  median over all valid keys.
+  reads the gate fitted on the keys at positions ``[a, s)`` and its own chunk ``[s, t]`` densely, where ``a``
+  is the position of the first key it sees.
+- **Sliding windows** (the window rule): the window is only visibility. While the window covers every
+  earlier key (``a = 0``) the query reads exactly the full-attention gate of boundary ``s``. Beyond that
+  (``a > 0``: a window of ``W`` keys, ``a = t - W + 1``) the query reads a gate fitted on the keys its window
+  leaves visible before its boundary, ``[a, s)``, one fit per distinct ``(a, s)``; keys in ``[a, s)`` are
+  weighted by that gate, its chunk ``[s, t]`` by 1. Every key of such a fit is visible to the query, so a
+  decode step (whose cache holds only the window) computes the same gate as the prefill.
+- **Warm-up**: a boundary is gated only when ``s >= chunk`` and ``s - a >= ceil(1/C) + 2``
+  (:func:`sv_attention.ops.settings.warmup_size`); otherwise the query reads plain softmax (within its window).
+- **Bandwidth** (``sigma=None``): the median pairwise distance of the keys at positions ``[a, a + chunk)``
+  (clipped to ``< s``) of the fit, per (sequence, kv-head): for ``a = 0`` the keys at positions ``< chunk``,
+  fixed for the sequence; for a non-causal layer the median over all valid keys.
 """
 
 from __future__ import annotations
@@ -71,10 +80,13 @@ class GateSchedule:
     valid : bool ``[b, kv]``  keys some query may attend (not padding, not an empty static slot)
     key_position : long ``[b, kv]``  position of each valid key, -1 if invalid
     query_position : long ``[b, q]``  position of each query, -1 if it sees no key
-    lengths : long ``[b]``  valid keys per sequence
+    lengths : long ``[b]``  valid keys per sequence in this call's columns
     boundary : long ``[b, q]``  the boundary each query reads (:func:`boundary_of`)
     gated : bool ``[b, q]``  the query reads a fitted gate (its boundary is past chunk 0 and warm-up)
     chunk, warmup : int
+    start : long ``[b, q]``  position ``a`` of the first key each query sees (0: the full-attention gate)
+    base : long ``[b]``  valid keys before column 0 (dropped by a rolling cache); local position =
+        ``key_position - base``
     """
 
     valid: torch.Tensor
@@ -85,9 +97,12 @@ class GateSchedule:
     gated: torch.Tensor
     chunk: int
     warmup: int
+    start: torch.Tensor | None = None
+    base: torch.Tensor | None = None
 
     @classmethod
-    def from_visible(cls, visible: torch.Tensor, settings: SVSettings) -> GateSchedule:
+    def from_visible(cls, visible: torch.Tensor, settings: SVSettings, *, valid: torch.Tensor | None = None,
+                     base: torch.Tensor | None = None) -> GateSchedule:
         """The schedule of a causal layer call.
 
         Parameters
@@ -95,27 +110,67 @@ class GateSchedule:
         visible : bool Tensor ``[b, q, kv]``  True where the query row may attend the key column
             (causality, padding and windows applied)
         settings : SVSettings
+        valid : bool Tensor ``[b, kv]`` or None  which key columns are real keys (default: visible to some
+            query); a sliding-window caller passes it so keys out of every window still count
+        base : long Tensor ``[b]`` or None  valid keys before column 0 (default 0)
         """
         flags = visible.view(torch.uint8)  # same bytes: uint8 reductions are ~10-20x faster than bool ones on CPU
-        valid = flags.amax(dim=1).bool() if flags.shape[1] else visible.any(dim=1)
-        kpos = torch.where(valid, valid.long().cumsum(-1) - 1, torch.full_like(valid, -1, dtype=torch.long))
-        qpos = flags.sum(-1, dtype=torch.int32).long() - 1
+        if valid is None:
+            valid = flags.amax(dim=1).bool() if flags.shape[1] else visible.any(dim=1)
+        b, q, kv = visible.shape
+        base = torch.zeros(b, dtype=torch.long, device=visible.device) if base is None else base.long()
+        kpos = torch.where(valid, valid.long().cumsum(-1) - 1 + base[:, None],
+                           torch.full_like(valid, -1, dtype=torch.long))
+        seen = flags.amax(-1).bool() if kv else torch.zeros(b, q, dtype=torch.bool, device=visible.device)
+        cols = torch.arange(kv, device=visible.device)
+        last = torch.where(visible, cols, torch.full_like(cols, -1)).amax(-1) if kv else \
+            torch.full((b, q), -1, dtype=torch.long, device=visible.device)
+        first = torch.where(visible, cols, torch.full_like(cols, kv)).amin(-1) if kv else last
+        qpos = torch.where(seen, kpos.gather(1, last.clamp_min(0)), torch.full_like(last, -1))
+        start = torch.where(seen, kpos.gather(1, first.clamp(0, max(kv - 1, 0))).clamp_min(0),
+                            torch.zeros_like(first))
         chunk, warmup = settings.chunk, settings.warmup
         bnd = boundary_of(qpos.clamp_min(0), chunk)
-        gated = is_gated(bnd, chunk, warmup) & (qpos >= 0)
+        gated = (bnd >= chunk) & (bnd - start >= warmup) & (qpos >= 0)
         return cls(valid=valid, key_position=kpos, query_position=qpos, lengths=valid.sum(-1), boundary=bnd,
-                   gated=gated, chunk=chunk, warmup=warmup)
+                   gated=gated, chunk=chunk, warmup=warmup, start=start, base=base)
+
+    @property
+    def full(self) -> torch.Tensor:
+        """bool ``[b, q]``: gated queries whose window covers every earlier key (``a = 0``)."""
+        return self.gated if self.start is None else self.gated & (self.start == 0)
+
+    @property
+    def windowed(self) -> torch.Tensor:
+        """bool ``[b, q]``: gated queries whose window starts after position 0 (the window rule)."""
+        return self.gated & ~self.full
 
     def boundaries(self) -> list[int]:
-        """The gated boundaries some query of the call reads, ascending."""
-        return sorted({int(s) for s in self.boundary[self.gated].unique().tolist()})
+        """The full-attention boundaries (``a = 0``) some query of the call reads, ascending."""
+        return sorted({int(s) for s in self.boundary[self.full].unique().tolist()})
+
+    def window_slots(self) -> list[tuple[int, int]]:
+        """The distinct ``(a, s)`` of the windowed queries of the call (the window rule), ascending."""
+        w = self.windowed
+        if not bool(w.any()):
+            return []
+        pairs = torch.stack([self.start[w], self.boundary[w]], -1).unique(dim=0)
+        return [(int(a), int(s)) for a, s in pairs.tolist()]
+
+    def local_position(self) -> torch.Tensor:
+        """long ``[b, kv]``: each valid key's position counted from column 0 (``key_position - base``), -1
+        if invalid."""
+        if self.base is None:
+            return self.key_position
+        return torch.where(self.valid, self.key_position - self.base[:, None], self.key_position)
 
     def keys_by_position(self, key: torch.Tensor, P: int | None = None) -> torch.Tensor:
-        """Keys reordered by position: ``[b, g, P, d]`` (rows past a sequence's length are zeros;
+        """Keys reordered by local position (:meth:`local_position`): ``[b, g, P, d]`` (rows past a sequence's length are zeros;
         differentiable w.r.t. ``key``). ``P`` defaults to the longest sequence."""
         b, g, kv, d = key.shape
         P = int(self.lengths.max()) if P is None else P
-        tgt = torch.where(self.valid, self.key_position, torch.full_like(self.key_position, P))  # invalid: dropped
+        lpos = self.local_position()
+        tgt = torch.where(self.valid, lpos, torch.full_like(lpos, P))  # invalid: dropped
         idx_full = torch.zeros(b, P + 1, dtype=torch.long, device=key.device)
         idx_full.scatter_(1, tgt, torch.arange(kv, device=key.device).expand(b, kv).contiguous())
         out = torch.gather(key, 2, idx_full[:, None, :P, None].expand(b, g, P, d))

@@ -616,9 +616,11 @@ class IncrementalSVDD(ReadAPI):
         """The solution and bookkeeping a public mutation changes (O(n + |S|^2); keys and Gram rows are
         restored from the drop log instead of being copied)."""
         n = self._n
+        # R is never written in place (expansion, contraction and refactorisation build a new array), so the
+        # snapshot keeps a reference
         return {"n": n, "d": self._d, "alpha": self._alpha[:n].copy(), "g": self._g[:n].copy(),
                 "status": self._status[:n].copy(), "slot_id": self._slot_id[:n].copy(), "S": list(self._S),
-                "R": None if self._R is None else self._R.copy(), "rho": self._rho, "solved": self._solved,
+                "R": self._R, "rho": self._rho, "solved": self._solved,
                 "next_id": self._next_id, "evicted": dict(self._evicted), "guards": Counter(self._guards),
                 "updates": self._updates_since_refactor, "fallbacks": self._fallbacks, "events": self._events,
                 "last_kkt": self._last_kkt}
@@ -634,7 +636,7 @@ class IncrementalSVDD(ReadAPI):
         for name in ("alpha", "g", "status", "slot_id"):
             getattr(self, "_" + name)[:n] = snap[name]
         self._id_to_slot = {int(i): k for k, i in enumerate(self._slot_id[:n])}
-        self._S, self._R = list(snap["S"]), None if snap["R"] is None else snap["R"].copy()
+        self._S, self._R = list(snap["S"]), snap["R"]
         self._rho, self._solved, self._next_id = snap["rho"], snap["solved"], snap["next_id"]
         self._evicted = dict(snap["evicted"])
         self._ev_stack = None
@@ -1118,7 +1120,7 @@ class IncrementalSVDD(ReadAPI):
         """Restore the solution part of ``snap`` (slots unchanged: a from-scratch candidate failed)."""
         n = self._n
         self._alpha[:n], self._g[:n], self._status[:n] = snap["alpha"], snap["g"], snap["status"]
-        self._S, self._R = list(snap["S"]), None if snap["R"] is None else snap["R"].copy()
+        self._S, self._R = list(snap["S"]), snap["R"]
         self._rho, self._solved, self._updates_since_refactor = snap["rho"], snap["solved"], snap["updates"]
         self._slack = -1
 
