@@ -17,7 +17,7 @@ COMMANDS=(
   "bench deletion" "bench gate" "bench ceq" "bench step" "bench plugin" "bench cache"
   "reproduce secret" "reproduce latency" "reproduce selective-copy" "reproduce recall"
   "reproduce capacity" "reproduce eviction" "reproduce forgetting" "reproduce memory"
-  "reproduce edit" "reproduce sign-flip" "reproduce lm"
+  "reproduce edit" "reproduce sign-flip" "reproduce lm" "reproduce robustness"
 )
 
 for cmd in "${COMMANDS[@]}"; do

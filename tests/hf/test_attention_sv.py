@@ -350,7 +350,7 @@ def test_working_set_fit_equals_the_full_cold_fit(seed):
 def test_direct_warm_fit_equals_the_exact_cold_fit(seed):
     """The warm-started active-set fit (from the previous boundary's partition) is the exact optimum."""
     from sv_attention.svdd.batched import solve_batched
-    from sv_attention.svdd.polish import POLISH_RIDGE
+    from sv_attention.svdd.polish import polish_ridge
 
     gen = torch.Generator().manual_seed(seed)
     keys = torch.randn(4, 128, 8, generator=gen, dtype=torch.float64)
@@ -361,7 +361,7 @@ def test_direct_warm_fit_equals_the_exact_cold_fit(seed):
     prev = solve_batched(gram[:, :64, :64].contiguous(), mask[:, :64], C, ridge=0.0).alpha.clamp_min(0.0)
     before = gate_stats().get("warm_pdas_fallback", 0)
     warm = _fit_warm(gram, torch.nn.functional.pad(prev, (0, 64)), C, 64)
-    cold = solve_batched(gram, mask, C, ridge=POLISH_RIDGE)
+    cold = solve_batched(gram, mask, C, ridge=polish_ridge(gram.dtype))
     exact = solve_batched(gram, mask, C, ridge=0.0)
     # the three unclustered problems settle by the active-set steps alone; the primal-dual iteration may
     # oscillate on the clustered one, which then goes to the working-set fit (counted)

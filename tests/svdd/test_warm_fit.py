@@ -5,7 +5,7 @@ import torch
 
 from sv_attention.kernels import median_bandwidth, rbf_gram
 from sv_attention.svdd.batched import solve_batched
-from sv_attention.svdd.polish import POLISH_RIDGE, fixed_partition_solve
+from sv_attention.svdd.polish import POLISH_RIDGE, fixed_partition_solve, polish_ridge
 from sv_attention.svdd.warm_fit import (
     extend_partition,
     fit_warm,
@@ -149,7 +149,7 @@ def test_cold_start_from_uniform_on_clustered_keys_gives_valid_gates(dtype):
     tol = 1e-4 if dtype == torch.float32 else 1e-9
     assert (alpha >= 0).all() and (alpha <= C * (1 + tol)).all()
     assert torch.allclose(alpha.sum(-1), torch.ones(24, dtype=dtype), atol=tol)
-    cold = solve_batched(gram, torch.ones(24, 64, dtype=torch.bool), C, ridge=POLISH_RIDGE)
+    cold = solve_batched(gram, torch.ones(24, 64, dtype=torch.bool), C, ridge=polish_ridge(dtype))
     ok = cold.status == 0
     assert ok.any()
     assert torch.allclose(alpha[ok], cold.alpha.clamp_min(0.0)[ok], atol=1e-3 if dtype == torch.float32 else 1e-8)
