@@ -36,3 +36,30 @@ def test_model_card_at_the_root_is_the_committed_card():
     assert card.is_file(), "MODEL_CARD.md is missing; export with --card-copy MODEL_CARD.md"
     assert card.read_text() == (ART / "README.md").read_text(), (
         "MODEL_CARD.md differs from hf_artifact/README.md; re-export with --card-copy MODEL_CARD.md")
+
+
+def test_committed_artifact_is_the_published_shape_and_count():
+    """The shipped model is the paper's 3.22M configuration: d_model 256, 4 layers, 4 heads, block 256, byte
+    vocabulary, tied head; 3,220,992 parameters excluding the tied head, counted from the weights."""
+    from safetensors import safe_open
+
+    cfg = json.loads((ART / "config.json").read_text())
+    shape = {k: cfg[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                 "max_position_embeddings", "intermediate_size", "tie_word_embeddings")}
+    assert shape == {"vocab_size": 256, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+                     "max_position_embeddings": 256, "intermediate_size": 1024, "tie_word_embeddings": True}
+    assert cfg["operator"] == "sv"
+    with safe_open(str(ART / "model.safetensors"), framework="pt") as f:
+        stored = {name: f.get_slice(name).get_shape() for name in f.keys()}
+    total = sum(int(torch_numel(shape)) for shape in stored.values())
+    assert "lm_head.weight" not in stored  # tied: stored once, as the token embedding
+    assert total - 256 * 256 == 3_220_992  # excluding the tied head (= the token-embedding matrix)
+    params = json.loads((ART / "MANIFEST.json").read_text())["parameters"]
+    assert params["excluding_tied_head"] == 3_220_992 and params["published_reading"]["matches"]
+
+
+def torch_numel(shape: list[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n

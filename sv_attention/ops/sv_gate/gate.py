@@ -333,7 +333,8 @@ def _fit_batched(alphas: list[torch.Tensor], bounds: list[int], rows_of: list[to
     dense = len(todo) > 1 and b * g * n_all * n_all * keys.element_size() <= DENSE_GRAM_MAX_BYTES
     with torch.no_grad():
         if dense:
-            full = rbf_gram(keys[:, :, :n_all], sigma=sig[:, :, None, None])
+            with torch.profiler.record_function("sv.gram"):
+                full = rbf_gram(keys[:, :, :n_all], sigma=sig[:, :, None, None])
             count("dense_gram_calls")
         else:
             lazy_all = LazyRBFGram(keys[:, :, :n_all].reshape(b * g, n_all, d), sig.reshape(-1))
