@@ -243,7 +243,10 @@ def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, 
     table = torch.ones(b, g, S + 1, P, dtype=dt, device=key.device)  # slot S: "ungated"
     for i in range(S):
         a = alphas[i].clamp_min(settings.gate_floor) if settings.gate_floor > 0 else alphas[i]
-        table = _set_slot(table, i, a)
+        if a.requires_grad:
+            table = _set_slot(table, i, a)  # out of place: autograd reaches the gate
+        else:
+            table[:, :, i, : a.shape[-1]] = a
     windows = sched.window_slots()
     if windows:  # the window rule: one gate per distinct (a, s), on the keys at positions [a, s)
         rows = _window_rows(key, sched, windows, kbp, P, settings, detach)
