@@ -99,16 +99,20 @@ def sv_gate_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         # the gate is fitted in fp32 (or fp64) whatever the model's dtype
         gate_keys = key if key.dtype in (torch.float32, torch.float64) else key.float()
         detach = settings.detach_gate or not (torch.is_grad_enabled() and gate_keys.requires_grad)
-        if causal:
-            gate = causal_gate(gate_keys, visible, settings, state=state, keep_state=keep_state, detach=detach,
-                               valid=valid, base=base)
-        else:
-            gate = full_gate(gate_keys, visible, settings, detach=detach)
+        with torch.profiler.record_function("sv.gate"):
+            if causal:
+                gate = causal_gate(gate_keys, visible, settings, state=state, keep_state=keep_state, detach=detach,
+                                   valid=valid, base=base)
+            else:
+                gate = full_gate(gate_keys, visible, settings, detach=detach)
     bias = None if gate is None else gate.bias
     if bias is None or return_weights or dropout > 0.0 or query.dtype not in (torch.float32, torch.float64):
         # no gate (gate off, warm-up, chunk 0): the eager computation, so it matches eager attention exactly
-        dense = bias.dense() if isinstance(bias, GateBias) else bias
-        out, weights = grouped_attention(query, key, value, visible, dense, sc, dropout)
+        with torch.profiler.record_function("sv.readout"):
+            dense = bias.dense() if isinstance(bias, GateBias) else bias
+            out, weights = grouped_attention(query, key, value, visible, dense, sc, dropout)
         return GatedAttention(out=out, weights=weights if return_weights else None, gate=gate)
     # a gate: the fused blocked kernel, equal to grouped_attention to rounding (tested)
-    return GatedAttention(out=grouped_biased_sdpa(query, key, value, visible, bias, sc), weights=None, gate=gate)
+    with torch.profiler.record_function("sv.readout"):
+        out = grouped_biased_sdpa(query, key, value, visible, bias, sc)
+    return GatedAttention(out=out, weights=None, gate=gate)

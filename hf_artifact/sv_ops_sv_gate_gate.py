@@ -245,7 +245,10 @@ def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, 
     table = torch.ones(b, g, S + 1, P, dtype=dt, device=key.device)  # slot S: "ungated"
     for i in range(S):
         a = alphas[i].clamp_min(settings.gate_floor) if settings.gate_floor > 0 else alphas[i]
-        table = _set_slot(table, i, a)
+        if a.requires_grad:
+            table = _set_slot(table, i, a)  # out of place: autograd reaches the gate
+        else:
+            table[:, :, i, : a.shape[-1]] = a
     windows = sched.window_slots()
     if windows:  # the window rule: one gate per distinct (a, s), on the keys at positions [a, s)
         rows = _window_rows(key, sched, windows, kbp, P, settings, detach)
@@ -335,7 +338,8 @@ def _fit_batched(alphas: list[torch.Tensor], bounds: list[int], rows_of: list[to
     dense = len(todo) > 1 and b * g * n_all * n_all * keys.element_size() <= DENSE_GRAM_MAX_BYTES
     with torch.no_grad():
         if dense:
-            full = rbf_gram(keys[:, :, :n_all], sigma=sig[:, :, None, None])
+            with torch.profiler.record_function("sv.gram"):
+                full = rbf_gram(keys[:, :, :n_all], sigma=sig[:, :, None, None])
             count("dense_gram_calls")
         else:
             lazy_all = LazyRBFGram(keys[:, :, :n_all].reshape(b * g, n_all, d), sig.reshape(-1))
