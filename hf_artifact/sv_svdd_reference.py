@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,6 +33,7 @@ from .sv_errors import (
     UnknownIdError,
 )
 from .sv_svdd_blas import one_blas_thread
+from .sv_svdd_box import feasible_size
 from .sv_svdd_readapi import ReadAPI, as_float64_matrix, as_id_array, sq_dists
 from .sv_svdd_receipts import ERROR, MARGIN, RESERVE, KKTResiduals, Partition, kkt_residuals
 
@@ -238,7 +238,7 @@ def solve_dual(K: np.ndarray, C: float) -> tuple[np.ndarray, float, np.ndarray, 
     n = K.shape[0]
     if not feasible(n, C):
         raise InfeasibleBoxError(f"{n} keys with C={C} give n*C={n * C:.6g} < 1: infeasible; "
-                                 f"add keys or use a larger C (need n >= {int(np.ceil(1.0 / C - 1e-9))})")
+                                 f"add keys or use a larger C (need n >= {feasible_size(C)})")
     cap = 200 * n + 1000
     alpha, iters, _ = _smo(K, C, 1e-13, cap, None)
     best = None
@@ -289,15 +289,6 @@ def _finish(K: np.ndarray, C: float, alpha: np.ndarray) -> tuple[np.ndarray, flo
         alpha[m & (alpha < 0.5 * C)] = 0.0
         status = classify(alpha, C)
     return alpha, rho, status
-
-
-@dataclass(frozen=True)
-class _Sol:
-    ids: np.ndarray
-    keys: np.ndarray
-    alpha: np.ndarray
-    rho: float
-    status: np.ndarray
 
 
 class SVDDSolution(ReadAPI):

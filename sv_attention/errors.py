@@ -49,10 +49,6 @@ class SolverError(SVAttentionError, RuntimeError):
     """A solver failed to reach a KKT point within its iteration / guard budget."""
 
 
-class CertificateError(SVAttentionError, RuntimeError):
-    """A certificate check failed: a claimed-inert token is not inert, or exactness was lost."""
-
-
 class MaskError(InvalidInputError):
     """An attention mask is malformed or ambiguous (e.g. an additive mask with values in (min/2, 0))."""
 

@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from sv_attention.svdd.box import feasible_size
+
 KINDS = ("gaussian", "clustered", "duplicated", "near_duplicate", "outliers", "offset", "mixed")
 OPS = ("add", "remove", "evict", "refused_remove")
 KKT_TOL = 1e-8
@@ -76,7 +78,7 @@ def draw_episode(rng: np.random.Generator) -> Episode:
     scale = float(10.0 ** rng.uniform(-1, 1))
     sigma = scale * float(10.0 ** rng.uniform(math.log10(0.05), math.log10(20.0)))
     offset = float(10.0 ** rng.uniform(5, 8)) if kind == "offset" else 0.0
-    need = int(math.ceil(1.0 / C - 1e-9))
+    need = feasible_size(C)
     cap = int(min(160, max(3 * need + 10, 40)))
     return Episode(kind, d, nu, n0, C, scale, sigma, offset, int(rng.integers(40, 200)), cap)
 

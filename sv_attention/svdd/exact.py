@@ -45,7 +45,6 @@ and shrunk by one row/column per key, in a capacity buffer), the KKT gradients
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from collections import Counter
@@ -64,6 +63,7 @@ from sv_attention.errors import (
     WarmupError,
 )
 from sv_attention.svdd.blas import one_blas_thread
+from sv_attention.svdd.box import feasible_size, warmup_size
 from sv_attention.svdd.readapi import ReadAPI, as_float64_matrix, as_id_array, rbf_cross
 from sv_attention.svdd.receipts import (
     ERROR,
@@ -200,7 +200,7 @@ class IncrementalSVDD(ReadAPI):
     @property
     def warmup_size(self) -> int:
         """``ceil(1/C) + 2``: below this many active keys the solver is in warm-up."""
-        return int(math.ceil(1.0 / self.C - 1e-9)) + 2
+        return warmup_size(self.C)
 
     @property
     def in_warmup(self) -> bool:
@@ -407,7 +407,7 @@ class IncrementalSVDD(ReadAPI):
         n_after = self._n - len(active)
         pre = 0
         if self._solved and active and not feasible(n_after, self.C):
-            need = int(math.ceil(1.0 / self.C - 1e-9))
+            need = feasible_size(self.C)
             removing = set(id_list)
             ev_left = sum(1 for i in self._evicted if i not in removing)
             if not feasible(n_after + ev_left, self.C):

@@ -15,7 +15,6 @@ Boundaries, warm-up and bandwidth follow :mod:`sv_attention.ops.sv_gate.schedule
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ import torch
 from sv_attention.errors import InfeasibleBoxError
 from sv_attention.ops.settings import warmup_size
 from sv_attention.ops.sv_gate.schedule import bandwidth
+from sv_attention.svdd.box import feasible_size
 from sv_attention.svdd.exact import IncrementalSVDD
 
 __all__ = ["BankAdmission", "BankCertificate", "ExactSolvers", "SolverBank", "exact_gates"]
@@ -230,7 +230,7 @@ class SolverBank:
             n_hist = len(held)
             n_after = n_hist - len(ps & held)
             if n_after < n_hist and n_after * self.C < 1.0 - 1e-12:
-                need = int(math.ceil(1.0 / self.C - 1e-9))
+                need = feasible_size(self.C)
                 raise InfeasibleBoxError(
                     f"forgetting {sorted(ps)} leaves solver (batch {i}, kv-head {j}) with a history of {n_after} keys "
                     f"(active + evicted) and {n_after}*C = {n_after * self.C:.4g} < 1 (C={self.C:.4g} is fixed; at "
