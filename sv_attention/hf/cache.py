@@ -317,10 +317,9 @@ class CertifiedCache(Cache):
     def __init__(self, config: Any = None, *, num_layers: int | None = None, offload: Any = "cpu",
                  policy: EvictionPolicy | str | None = None, **overrides: Any) -> None:
         text_cfg = config.get_text_config(decoder=True) if config is not None else None
-        base = settings_from_config(text_cfg if text_cfg is not None else config, SV_NAME).to_dict() \
-            if config is not None else SVSettings().to_dict()
-        base.update(overrides)
-        self.settings: SVSettings = SVSettings.from_dict(base)
+        base = settings_from_config(text_cfg if text_cfg is not None else config, SV_NAME) \
+            if config is not None else SVSettings()
+        self.settings: SVSettings = base.replace(**overrides) if overrides else base  # renamed keywords accepted
         if num_layers is None:
             if text_cfg is None:
                 raise InvalidInputError("CertifiedCache needs a model config or num_layers=")
