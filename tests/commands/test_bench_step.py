@@ -28,3 +28,10 @@ def test_bench_step_smallest_setting(tmp_path, capsys):
     assert "sv.finder" in labels and labels[-1].startswith("total")
     assert data["profile_sv_step"][-1]["ms"] > 0
     assert "ratio sv/sdpa" in capsys.readouterr().out
+    # the second row: the model `make demo` trains, measured the same way
+    first, demo = data["rows"]
+    assert first["name"] == "flags" and first["ratio_sv_over_sdpa"] == data["ratio_sv_over_sdpa"]
+    assert demo["name"] == "make demo" and demo["target_ratio"] == 2.0
+    assert {k: demo["config"][k] for k in ("layers", "d_model", "heads", "block", "chunk")} == \
+        {"layers": 2, "d_model": 128, "heads": 4, "block": 128, "chunk": 32}
+    assert abs(demo["ratio_sv_over_sdpa"] - demo["step_s"]["sv"] / demo["step_s"]["sdpa"]) < 1e-12
