@@ -30,6 +30,8 @@ _WARNED: set[str] = set()
 #: FISTA / power iterations of a warm-started finder run (the polish makes the found partition exact).
 WARM_FISTA_ITERS = 10
 WARM_POWER_ITERS = 5
+#: FISTA iterations of a cold finder run (the polish then makes the found partition a KKT point).
+COLD_FISTA_ITERS = 40
 #: Cold fits up to this many keys start the active-set steps from uniform alpha (every key on the margin)
 #: instead of running the partition finder; larger cold fits use ``solve_batched``.
 COLD_PDAS_MAX_KEYS = 256
@@ -67,7 +69,8 @@ class CountingSolve:
         from sv_attention.svdd.batched import STATUS_NAMES, solve_batched
 
         if init is None:
-            sol = solve_batched(gram, mask, C, check_inputs=False, ridge=polish_ridge(gram.dtype), backend=self.backend)
+            sol = solve_batched(gram, mask, C, check_inputs=False, ridge=polish_ridge(gram.dtype), backend=self.backend,
+                                fista_iters=COLD_FISTA_ITERS)
         else:
             sol = solve_batched(gram, mask, C, check_inputs=False, init_alpha=init, fista_iters=WARM_FISTA_ITERS,
                                 power_iters=WARM_POWER_ITERS, ridge=polish_ridge(gram.dtype), backend=self.backend)
