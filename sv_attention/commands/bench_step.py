@@ -20,7 +20,7 @@ COMMAND = "bench step"
 HELP = "training-step time of a small decoder: CausalSVAttention (batched) vs torch SDPA, with a profile"
 
 #: Profiler labels emitted by the SV path (see sv_attention.ops.causal and sv_attention.svdd.batched).
-PROFILE_LABELS = ("sv.gram", "sv.finder", "sv.polish", "sv.solve", "sv.readout", "sv.gate")
+PROFILE_LABELS = ("sv.gram", "sv.finder", "sv.polish", "sv.active_set", "sv.solve", "sv.readout", "sv.gate")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -348,8 +348,9 @@ def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solv
     margin, error = partition_from_alpha(init, C)
     tol = polish_tol(gram.dtype)
     # a warm start (new > 0) is the previous boundary's exact solution: its first step needs no solve
-    fit = active_set_fit(gram, mask, margin, error, float(C), WARM_PDAS_STEPS, tol, polish_ridge(gram.dtype),
-                         start_alpha=init if new > 0 else None)
+    with torch.profiler.record_function("sv.active_set"):
+        fit = active_set_fit(gram, mask, margin, error, float(C), WARM_PDAS_STEPS, tol, polish_ridge(gram.dtype),
+                             start_alpha=init if new > 0 else None)
     count(stat, 1)
     count("pdas_problems", G)
     alpha = fit.alpha.clamp_min(0.0)
