@@ -32,6 +32,8 @@ _WARNED: set[str] = set()
 #: FISTA / power iterations of a warm-started finder run (the polish makes the found partition exact).
 WARM_FISTA_ITERS = 10
 WARM_POWER_ITERS = 5
+#: FISTA iterations of a cold finder run (the polish then makes the found partition a KKT point).
+COLD_FISTA_ITERS = 40
 #: Cold fits up to this many keys start the active-set steps from uniform alpha (every key on the margin)
 #: instead of running the partition finder; larger cold fits use ``solve_batched``.
 COLD_PDAS_MAX_KEYS = 256
@@ -69,7 +71,8 @@ class CountingSolve:
         from .sv_svdd_batched import STATUS_NAMES, solve_batched
 
         if init is None:
-            sol = solve_batched(gram, mask, C, check_inputs=False, ridge=polish_ridge(gram.dtype), backend=self.backend)
+            sol = solve_batched(gram, mask, C, check_inputs=False, ridge=polish_ridge(gram.dtype), backend=self.backend,
+                                fista_iters=COLD_FISTA_ITERS)
         else:
             sol = solve_batched(gram, mask, C, check_inputs=False, init_alpha=init, fista_iters=WARM_FISTA_ITERS,
                                 power_iters=WARM_POWER_ITERS, ridge=polish_ridge(gram.dtype), backend=self.backend)
@@ -83,9 +86,9 @@ class CountingSolve:
             if k:
                 count(f"status:{name}", k)
                 if name in ("solve fallback", "not converged", "infeasible"):
-                    warn_once(f"status:{name}", f"sv gate: {k} SVDD problem(s) ended with status '{name}'; their "
-                              "alpha is the best available approximation (see "
-                              "sv_attention.ops.sv_gate.gate_stats())")
+                    warn_once(f"status:{name}", f"sv gate: {k} SVDD problem(s) ended with status '{name}'; a "
+                              "gate that is not feasible is refitted by the primal active set, a feasible one is "
+                              "used as the best available approximation (see sv_attention.ops.sv_gate.gate_stats())")
         return sol
 
 

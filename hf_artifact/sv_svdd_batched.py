@@ -307,9 +307,11 @@ def solve_batched(gram: torch.Tensor, mask: torch.Tensor, C: float | torch.Tenso
 
     status = torch.full((G,), STATUS_OK, dtype=torch.int8, device=dev)
     not_conv = viol > 10.0 * tol
-    # Later assignments win: infeasible > warm-up > empty margin > solve fallback > not converged.
+    # Later assignments win: infeasible > warm-up > empty margin > solve fallback > not converged; an empty margin
+    # is an optimum only when the partition converged (kkt_violation includes the sum residual).
     for code, flag in ((STATUS_NOT_CONVERGED, not_conv), (STATUS_SOLVE_FALLBACK, ~sol.ok),
-                       (STATUS_EMPTY_MARGIN, sol.empty), (STATUS_WARMUP, warm), (STATUS_INFEASIBLE, ~feasible)):
+                       (STATUS_EMPTY_MARGIN, sol.empty & ~not_conv), (STATUS_WARMUP, warm),
+                       (STATUS_INFEASIBLE, ~feasible)):
         status = torch.where(flag, torch.full_like(status, code), status)
     reserve = mask & ~margin & ~error
     margin = torch.where(feasible[:, None], margin, torch.zeros_like(margin))

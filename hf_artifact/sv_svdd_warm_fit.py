@@ -350,8 +350,9 @@ def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solv
     margin, error = partition_from_alpha(init, C)
     tol = polish_tol(gram.dtype)
     # a warm start (new > 0) is the previous boundary's exact solution: its first step needs no solve
-    fit = active_set_fit(gram, mask, margin, error, float(C), WARM_PDAS_STEPS, tol, polish_ridge(gram.dtype),
-                         start_alpha=init if new > 0 else None)
+    with torch.profiler.record_function("sv.active_set"):
+        fit = active_set_fit(gram, mask, margin, error, float(C), WARM_PDAS_STEPS, tol, polish_ridge(gram.dtype),
+                             start_alpha=init if new > 0 else None)
     count(stat, 1)
     count("pdas_problems", G)
     alpha = fit.alpha.clamp_min(0.0)
@@ -361,7 +362,12 @@ def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solv
         count("warm_pdas_fallback", len(bad))
         g_bad = _dense(gram, bad)  # the fallbacks solve the full problem
         all_keys = torch.ones(len(bad), n, dtype=torch.bool, device=gram.device)
-        if new > 0:
+        if new > 0 and isinstance(gram, torch.Tensor):
+            # a dense Gram (training, prefill): one warm-started full solve (finder from the previous gate,
+            # then the polish) costs less than the working-set rounds and needs no extra Gram rows
+            count("warm_full_fallback", len(bad))
+            refit = solve(g_bad, all_keys, C, init=init[bad]).alpha.clamp_min(0.0)
+        elif new > 0:  # Gram rows on demand (decoding, long contexts): solve on a working set of keys
             refit = fit_working_set(g_bad, init[bad], C, new, solve=solve, count=count)
             invalid = ((refit.sum(-1) - 1.0).abs() > 1e-4) | (refit.amax(-1) > C * (1.0 + 1e-4))
             if bool(invalid.any()):

@@ -84,9 +84,9 @@ class CountingSolve:
             if k:
                 count(f"status:{name}", k)
                 if name in ("solve fallback", "not converged", "infeasible"):
-                    warn_once(f"status:{name}", f"sv gate: {k} SVDD problem(s) ended with status '{name}'; their "
-                              "alpha is the best available approximation (see "
-                              "sv_attention.ops.sv_gate.gate_stats())")
+                    warn_once(f"status:{name}", f"sv gate: {k} SVDD problem(s) ended with status '{name}'; a "
+                              "gate that is not feasible is refitted by the primal active set, a feasible one is "
+                              "used as the best available approximation (see sv_attention.ops.sv_gate.gate_stats())")
         return sol
 
 
