@@ -12,7 +12,7 @@ the exact incremental path, the certified cache and the naive reference) asks it
   padding (any count), static caches and per-sequence lengths give each sequence exactly the schedule it
   has alone. A key is valid when some query of the call may attend it, unless the caller knows better
   (``valid=``: a sliding-window layer's decode step, where older keys are out of the window but not padding).
-- **Boundary** of a query at position ``t``: ``s = (t // chunk) * chunk`` (:func:`boundary_of`); the query
+- **Boundary** of a query at position ``t``: ``s = chunk * floor(t / chunk)`` (:func:`boundary_of`); the query
   reads the gate fitted on the keys at positions ``[a, s)`` and its own chunk ``[s, t]`` densely, where ``a``
   is the position of the first key it sees.
 - **Sliding windows** (the window rule): the window is only visibility. While the window covers every
@@ -41,7 +41,7 @@ __all__ = ["GateSchedule", "bandwidth", "boundary_of", "is_gated", "warmup_size"
 
 
 def boundary_of(position: torch.Tensor | int, chunk: int) -> torch.Tensor | int:
-    """The chunk boundary ``s = (t // chunk) * chunk`` a query at position ``t`` reads (works on ints and
+    """The chunk boundary ``s = chunk * floor(t / chunk)`` a query at position ``t`` reads (works on ints and
     integer tensors; negative positions give negative boundaries, which are never gated)."""
     if isinstance(position, torch.Tensor):
         return torch.div(position, chunk, rounding_mode="floor") * chunk
