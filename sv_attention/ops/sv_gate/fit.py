@@ -105,9 +105,11 @@ def invalid_gates(alpha: torch.Tensor, C: float, mask: torch.Tensor | None = Non
         | (a.amin(-1) < -tol * C)
 
 
-def ensure_valid(gram: torch.Tensor, alpha: torch.Tensor, C: float, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """``alpha [G, n]`` with every infeasible gate (:func:`invalid_gates`) refitted by the feasible primal
-    active-set method from uniform alpha (monotone in the objective, so it cannot cycle; counted as
+def ensure_valid(gram: torch.Tensor, alpha: torch.Tensor, C: float, mask: torch.Tensor | None = None,
+                 solve: CountingSolve | None = None) -> torch.Tensor:
+    """``alpha [G, n]`` with every infeasible gate (:func:`invalid_gates`) refitted: first by the cold
+    ``solve`` when given (counted as ``cold_refit``), then, for what is still infeasible, by the feasible
+    primal active-set method from uniform alpha (monotone in the objective, so it cannot cycle; counted as
     ``primal_fallback``). A problem that still fails is reported (``RuntimeWarning``, counted as
     ``invalid_gate``), never returned silently."""
     from sv_attention.svdd.polish import primal_active_set
@@ -117,10 +119,19 @@ def ensure_valid(gram: torch.Tensor, alpha: torch.Tensor, C: float, mask: torch.
     if not bool(bad.any()):
         return alpha
     idx = bad.nonzero().flatten()
-    count("primal_fallback", len(idx))
     G, n = alpha.shape
     g_bad = gram[idx] if isinstance(gram, torch.Tensor) else gram.dense(idx)
     m_bad = torch.ones(len(idx), n, dtype=torch.bool, device=alpha.device) if mask is None else mask[idx]
+    if solve is not None:
+        count("cold_refit", len(idx))
+        cold = solve(g_bad, m_bad, C).alpha.clamp_min(0.0)
+        cold = torch.where(m_bad, cold, torch.zeros_like(cold))
+        alpha = alpha.index_copy(0, idx, cold.to(alpha.dtype))
+        still_bad = invalid_gates(cold, C, m_bad)
+        if not bool(still_bad.any()):
+            return alpha
+        idx, g_bad, m_bad = idx[still_bad], g_bad[still_bad], m_bad[still_bad]
+    count("primal_fallback", len(idx))
     start = m_bad.to(alpha.dtype) / m_bad.sum(-1, keepdim=True).clamp_min(1)
     Ct = torch.full((len(idx),), float(C), dtype=alpha.dtype, device=alpha.device)
     start = torch.minimum(start, Ct[:, None])  # (n C >= 1 past warm-up, so uniform is feasible)
@@ -148,21 +159,21 @@ def fit_cold(gram: torch.Tensor, C: float, solve: CountingSolve) -> torch.Tensor
     else:
         dense = gram.dense() if hasattr(gram, "dense") else gram
         alpha = solve(dense, torch.ones(G, n, dtype=torch.bool, device=gram.device), C).alpha.clamp_min(0.0)
-    return ensure_valid(gram, alpha, C)
+    return ensure_valid(gram, alpha, C, solve=solve)
 
 
 def fit_from(gram: torch.Tensor, previous: torch.Tensor, C: float, new: int, solve: CountingSolve) -> torch.Tensor:
     """Gates of full problems ``gram [G, n, n]`` warm-started from the previous boundary's gate
     ``previous [G, n - new]``: ``alpha [G, n]``."""
     init = torch.nn.functional.pad(previous.to(gram.dtype), (0, new))
-    return ensure_valid(gram, fit_warm(gram, init, C, new, solve=solve, count=count), C)
+    return ensure_valid(gram, fit_warm(gram, init, C, new, solve=solve, count=count), C, solve=solve)
 
 
 def fit_masked(gram: torch.Tensor, mask: torch.Tensor, C: float, solve: CountingSolve) -> torch.Tensor:
     """Gates of problems with invalid keys (a non-causal layer's padded sequences): ``alpha [G, n]``, 0 where
     ``mask`` is False."""
     alpha = solve(gram, mask, C).alpha.clamp_min(0.0)
-    return ensure_valid(gram, torch.where(mask, alpha, torch.zeros_like(alpha)), C, mask)
+    return ensure_valid(gram, torch.where(mask, alpha, torch.zeros_like(alpha)), C, mask, solve=solve)
 
 
 def differentiable_gate(gram: torch.Tensor, alpha: torch.Tensor, C: float,
