@@ -14,16 +14,15 @@ A partition is accepted only when it is a KKT point of the new problem within th
 (``converged`` and violation ``<= 10 tol``, the criterion of :func:`sv_attention.svdd.batched.solve_batched`'s
 ``"ok"`` status). The primal-dual iteration can oscillate on clustered keys: such problems are *not*
 returned from an unconverged iterate but handed to a fallback chosen by the caller and counted
-(:func:`fit_warm`: the working-set fit :func:`fit_working_set`; the training path in
-:mod:`sv_attention.ops.causal`: the cold :func:`solve_batched`).
+(:func:`fit_warm`: a warm-started full solve on a dense Gram, the working-set fit
+:func:`fit_working_set` on Gram rows computed on demand, the cold solve for a cold start).
 
 Callers:
 
-* :mod:`sv_attention.ops.sv_gate` (the plug-in on a pretrained model, no gradient): :func:`fit_warm`
-  returns the exact optimum of the found partition (ridge :data:`~sv_attention.svdd.polish.POLISH_RIDGE`);
-* :mod:`sv_attention.ops.causal` (training, differentiable): :func:`warm_partition` gives the partition,
-  and the caller runs the same ridged differentiable bordered solve as its cold path, so gate and
-  gradients do not depend on whether the partition was found warm or cold.
+* :mod:`sv_attention.ops.sv_gate.fit` (every door into the SV gate: plug-in, model, training module):
+  :func:`fit_warm` returns the exact optimum of the found partition
+  (:func:`~sv_attention.svdd.polish.polish_ridge`); a trainable gate re-solves that partition on a Gram
+  with the keys' autograd graph, so gate and gradients do not depend on how the partition was found.
 
 Counters: the functions take ``count(key, n)``, a callback that receives every event (``pdas_problems``,
 ``warm_pdas_fallback``, ``working_set_grown``, ``working_set_full`` and the caller's ``stat``).
@@ -71,37 +70,6 @@ def partition_from_alpha(alpha: torch.Tensor, C: float) -> tuple[torch.Tensor, t
     """
     error = alpha >= C * (1.0 - 1e-6)
     return (alpha > 0) & ~error, error
-
-
-def extend_partition(margin: torch.Tensor, error: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad a partition ``[G, n']`` of a shorter prefix to ``n`` keys; the new keys start in the reserve set."""
-    extra = n - margin.shape[-1]
-    if extra < 0:
-        raise ValueError(f"cannot extend a partition of {margin.shape[-1]} keys to {n}")
-    if extra == 0:
-        return margin, error
-    pad = torch.zeros(*margin.shape[:-1], extra, dtype=torch.bool, device=margin.device)
-    return torch.cat([margin, pad], dim=-1), torch.cat([error, pad], dim=-1)
-
-
-@dataclass
-class WarmPartition:
-    """Result of :func:`warm_partition`.
-
-    Attributes
-    ----------
-    margin, error : bool Tensor ``[G, n]``  best partition found per problem
-    settled : bool Tensor ``[G]``  the partition is a KKT point of the problem (within tolerance); only
-        these may be used, the others need the caller's fallback
-    violation : Tensor ``[G]``  KKT violation of the partition's exact solve
-    steps : int  active-set steps run
-    """
-
-    margin: torch.Tensor
-    error: torch.Tensor
-    settled: torch.Tensor
-    violation: torch.Tensor
-    steps: int
 
 
 @dataclass
@@ -246,42 +214,6 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
                         steps=solves)
 
 
-def warm_partition(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor, error: torch.Tensor,
-                   C: float | torch.Tensor, steps: int | None = None, tol: float | None = None) -> WarmPartition:
-    """Partition of every problem by active-set steps from a starting partition (no autograd).
-
-    Parameters
-    ----------
-    gram : Tensor ``[G, n, n]``  RBF Grams (detached inside; entries of masked keys are ignored)
-    mask : bool Tensor ``[G, n]``  valid keys
-    margin, error : bool Tensor ``[G, n]``  starting partition, e.g. the previous boundary's padded by
-        :func:`extend_partition` (restricted to ``mask`` here)
-    C : float or Tensor ``[G]``  box
-    steps : int or None  maximum primal-dual steps (None: :data:`WARM_PDAS_STEPS`)
-    tol : float or None  move / convergence tolerance (None: :func:`polish_tol` of the Gram's dtype)
-
-    Returns
-    -------
-    WarmPartition
-    """
-    from .sv_svdd_polish import active_set_polish, polish_ridge
-
-    steps = WARM_PDAS_STEPS if steps is None else int(steps)
-    tol = polish_tol(gram.dtype) if tol is None else float(tol)
-    with torch.no_grad():
-        if not isinstance(C, torch.Tensor) or C.numel() == 1 or bool((C == C.reshape(-1)[0]).all()):
-            c = float(C.reshape(-1)[0]) if isinstance(C, torch.Tensor) else float(C)
-            fit = active_set_fit(gram.detach(), mask, margin, error, c, steps, tol, polish_ridge(gram.dtype))
-            settled = fit.settled & (fit.violation <= SETTLED_FACTOR * tol)
-            return WarmPartition(margin=fit.margin, error=fit.error, settled=settled, violation=fit.violation,
-                                 steps=fit.steps)
-        Ct = C.detach().to(gram.dtype)  # a box per problem: the general polish
-        pol = active_set_polish(gram.detach(), mask, margin & mask, error & mask, Ct, steps, tol)
-    settled = pol.converged & (pol.violation <= SETTLED_FACTOR * tol)
-    return WarmPartition(margin=pol.margin, error=pol.error, settled=settled, violation=pol.violation,
-                         steps=pol.steps)
-
-
 def fit_working_set(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solve: Solver,
                     count: Counter = _no_count) -> torch.Tensor:
     """Warm fit of full problems ``gram [G, n, n]`` on a working set of keys (all keys valid; no autograd).
@@ -329,7 +261,7 @@ def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solv
     """Warm fit of full problems ``gram [G, n, n]`` (all keys valid; no autograd) from a previous gate.
 
     The previous boundary's gate ``init [G, n]`` (zero on the ``new`` last keys) gives the starting
-    partition (:func:`partition_from_alpha`); :func:`warm_partition` moves every KKT violator. A problem
+    partition (:func:`partition_from_alpha`); :func:`active_set_fit` moves every KKT violator. A problem
     whose partition settled is returned as the exact optimum of that partition (ridge
     :data:`~sv_attention.svdd.polish.POLISH_RIDGE`, the polish's own); problems that did not settle
     within :data:`WARM_PDAS_STEPS` steps (or whose Cholesky factor failed) are refitted (counted as

@@ -7,11 +7,9 @@ from sv_attention.kernels import median_bandwidth, rbf_gram
 from sv_attention.svdd.batched import solve_batched
 from sv_attention.svdd.polish import POLISH_RIDGE, fixed_partition_solve, polish_ridge
 from sv_attention.svdd.warm_fit import (
-    extend_partition,
     fit_warm,
     fit_working_set,
     partition_from_alpha,
-    warm_partition,
 )
 
 C = 1.0 / (0.3 * 32)
@@ -26,41 +24,6 @@ def _gram(seed: int, G: int = 4, n: int = 128, d: int = 8) -> torch.Tensor:
 def _solve(gram, mask, C, init=None):
     kw = {} if init is None else {"init_alpha": init, "fista_iters": 10}
     return solve_batched(gram, mask, C, check_inputs=False, ridge=POLISH_RIDGE, **kw)
-
-
-def test_extend_partition_puts_new_keys_in_reserve():
-    m = torch.tensor([[True, False]])
-    e = torch.tensor([[False, True]])
-    m2, e2 = extend_partition(m, e, 4)
-    assert m2.tolist() == [[True, False, False, False]] and e2.tolist() == [[False, True, False, False]]
-    with pytest.raises(ValueError):
-        extend_partition(m2, e2, 3)
-
-
-@pytest.mark.parametrize("seed", [0, 1])
-def test_warm_partition_from_the_previous_boundary_is_the_optimal_partition(seed):
-    gram = _gram(seed)
-    G, n, _ = gram.shape
-    mask = torch.ones(G, n, dtype=torch.bool)
-    prev = solve_batched(gram[:, :64, :64], mask[:, :64], C, ridge=0.0)
-    m0, e0 = extend_partition(prev.margin, prev.error, n)
-    wp = warm_partition(gram, mask, m0, e0, C)
-    assert wp.settled.all() and 0 < wp.steps <= 10
-    cold = solve_batched(gram, mask, C, ridge=0.0)
-    assert torch.equal(wp.margin, cold.margin) and torch.equal(wp.error, cold.error)
-    exact = fixed_partition_solve(gram, mask, wp.margin, wp.error, torch.full((G,), C, dtype=gram.dtype), 0.0)
-    assert torch.allclose(exact.alpha, cold.alpha, atol=1e-12)
-
-
-def test_unsettled_problems_are_flagged_not_returned_as_settled():
-    gram = _gram(2)
-    G, n, _ = gram.shape
-    mask = torch.ones(G, n, dtype=torch.bool)
-    # start far from the optimum (every key reserve but one) with no step allowed: nothing can settle
-    margin = torch.zeros(G, n, dtype=torch.bool)
-    margin[:, 0] = True
-    wp = warm_partition(gram, mask, margin, torch.zeros_like(margin), C, steps=0)
-    assert not wp.settled.any()
 
 
 @pytest.mark.parametrize("seed", [0, 3])
@@ -89,7 +52,7 @@ def test_fit_warm_and_working_set_equal_the_exact_cold_fit_and_count(seed):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_active_set_fit_equals_the_polish_and_the_exact_solve(seed):
     """The lean active-set iteration lands on the partition and the exact optimum of the general polish."""
-    from sv_attention.svdd.polish import POLISH_RIDGE, active_set_polish, fixed_partition_solve
+    from sv_attention.svdd.polish import POLISH_RIDGE, active_set_polish
     from sv_attention.svdd.warm_fit import active_set_fit
 
     gen = torch.Generator().manual_seed(seed)
