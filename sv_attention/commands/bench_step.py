@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--no-demo-row", action="store_true",
                         help="skip the second row: the `make demo` model (2 layers, d_model 128, block 128, chunk 32)")
+    parser.add_argument("--no-checkpoint-row", action="store_true",
+                        help="skip the third row: the published checkpoint (hf_artifact, trained weights) on text")
     parser.add_argument("--json", default=None, help="output path (default results/bench_step.json)")
 
 
@@ -150,9 +152,77 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         demo = argparse.Namespace(**{**vars(args), **{k.replace("-", "_"): v for k, v in DEMO_CONFIG.items()},
                                      "no_profile": True})
         rows.append({"name": "make demo", **_row(_measure_one(demo))})
+    if not args.no_checkpoint_row:
+        trained = _measure_checkpoint(args)
+        if trained is not None:
+            rows.append({"name": CHECKPOINT_ROW, **trained})
     for row in rows:
         row["target_ratio"] = TARGETS.get(row["name"])
     return {**first, "rows": rows}
+
+
+#: The third row: the published checkpoint's own weights on text, SV operator vs the same weights with the
+#: softmax operator (torch SDPA inside). The gate's cost depends on the keys' geometry: random-init keys of
+#: the deeper layers are nearly collinear (flat Grams, slow to fit); trained ones are not.
+CHECKPOINT_ROW = "published checkpoint (trained weights, text)"
+
+
+def _measure_checkpoint(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The checkpoint row (None, with a note, when ``hf_artifact/`` is not in this checkout)."""
+    import sys
+
+    import torch
+    from tqdm import tqdm
+
+    from sv_attention.data.loading import load_corpus
+    from sv_attention.readme import ARTIFACT_DIR
+    from sv_attention.results import repo_root
+
+    root = repo_root()
+    path = root / ARTIFACT_DIR
+    if not (path / "model.safetensors").exists():
+        print(f"no {path}/model.safetensors: checkpoint row skipped")
+        return None
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from modeling_sv import SVForCausalLM
+
+    models = {"sv": SVForCausalLM.from_pretrained(path),
+              "sdpa": SVForCausalLM.from_pretrained(path, operator="softmax", operator_config={})}
+    block = models["sv"].config.max_position_embeddings
+    data = load_corpus("embedded").data[: args.batch * (block + 1)]
+    idx = torch.tensor(list(data), dtype=torch.long).view(args.batch, block + 1)
+
+    def step(model: Any) -> float:
+        model.zero_grad(set_to_none=True)
+        logits = model(idx[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
+        loss.backward()
+        return float(loss.detach())
+
+    from sv_attention.ops.sv_gate import gate_stats
+
+    for m in models.values():
+        m.train()
+        for _ in range(args.warmup):
+            step(m)
+    stats0 = gate_stats()
+    times: dict[str, list[float]] = {"sv": [], "sdpa": []}
+    losses: dict[str, float] = {}
+    for _ in tqdm(range(args.repeats), desc="bench step (checkpoint)", leave=False):
+        for name, m in models.items():
+            t0 = time.perf_counter()
+            losses[name] = step(m)
+            times[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    counts = {key: val - stats0.get(key, 0) for key, val in gate_stats().items() if val != stats0.get(key, 0)}
+    cfg = models["sv"].config
+    return {"config": {"checkpoint": ARTIFACT_DIR, "layers": cfg.num_hidden_layers, "d_model": cfg.hidden_size,
+                       "heads": cfg.num_attention_heads, "block": block, "batch": args.batch,
+                       "data": "embedded corpus, first bytes", "sdpa_arm": "same weights, operator 'softmax'",
+                       "repeats": args.repeats, "warmup": args.warmup, "torch_threads": torch.get_num_threads()},
+            "step_s": med, "ratio_sv_over_sdpa": med["sv"] / med["sdpa"], "loss": losses,
+            "gate_stats_timed_steps": counts}
 
 
 def _is_published(args: argparse.Namespace) -> bool:

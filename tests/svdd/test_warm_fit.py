@@ -147,3 +147,55 @@ def test_active_set_fit_on_an_empty_batch():
     fit = active_set_fit(torch.zeros(0, 5, 5), torch.zeros(0, 5, dtype=torch.bool), torch.zeros(0, 5, dtype=torch.bool),
                          torch.zeros(0, 5, dtype=torch.bool), 0.5, 10, 1e-6, 1e-6)
     assert fit.alpha.shape == (0, 5) and fit.settled.shape == (0,) and fit.steps == 0
+
+
+def _low_rank_gram(seed: int) -> torch.Tensor:
+    """Keys near a 2-d subspace in 64 dims: the flat, ill-conditioned Grams of a deeper layer at initialisation,
+    on which the all-violators-at-once rule cycles."""
+    gen = torch.Generator().manual_seed(seed)
+    latent = torch.randn(16, 64, 2, generator=gen, dtype=torch.float64)
+    keys = latent @ torch.randn(2, 64, generator=gen, dtype=torch.float64) \
+        + 0.3 * torch.randn(16, 64, 64, generator=gen, dtype=torch.float64)
+    return rbf_gram(keys, sigma=median_bandwidth(keys)[:, None, None])
+
+
+def test_block_pivoting_safeguard_settles_problems_on_which_the_plain_rule_cycles(monkeypatch):
+    """Moving every violator at once cycles on these Grams (problems left unsettled after 64 steps); the
+    block-pivoting safeguard (single largest pivots once the violator count stops improving) settles every
+    problem, at the exact fp64 optimum (reference: the exact solver / clarabel)."""
+    from sv_attention.svdd import warm_fit
+    from sv_attention.svdd.batched_reference import reference_solution
+    from sv_attention.svdd.polish import POLISH_RIDGE_FP64
+
+    gram = _low_rank_gram(0)
+    G, n, _ = gram.shape
+    C = 1.0 / 32
+    mask = torch.ones(G, n, dtype=torch.bool)
+    start = (mask.clone(), torch.zeros_like(mask))
+    monkeypatch.setattr(warm_fit, "PIVOT_BACKUP", 10**6)  # the plain rule: never falls back to single pivots
+    plain = warm_fit.active_set_fit(gram, mask, *start, C, 64, 1e-12, POLISH_RIDGE_FP64)
+    assert (~plain.settled).any()
+    monkeypatch.undo()
+    fit = warm_fit.active_set_fit(gram, mask, *start, C, 64, 1e-12, POLISH_RIDGE_FP64)
+    assert fit.settled.all() and (fit.violation <= 1e-10).all() and fit.steps < 64
+    for p in range(G):
+        ref = reference_solution(gram[p], C)
+        assert ref.kkt_residual < 1e-9
+        assert torch.allclose(fit.alpha[p], torch.as_tensor(ref.alpha), atol=1e-8), p
+
+
+def test_finished_problems_leave_the_batch_without_changing_any_result():
+    """Compaction: a batch mixing fast and slow problems gives every problem the result it gets alone."""
+    from sv_attention.svdd.polish import POLISH_RIDGE_FP64
+    from sv_attention.svdd.warm_fit import active_set_fit
+
+    gram = torch.cat([_gram(5, G=3, n=64), _low_rank_gram(0)[:5]])
+    G, n, _ = gram.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    start = (mask.clone(), torch.zeros_like(mask))
+    both = active_set_fit(gram, mask, *start, 1.0 / 32, 64, 1e-12, POLISH_RIDGE_FP64)
+    for p in range(G):
+        alone = active_set_fit(gram[p:p + 1], mask[p:p + 1], start[0][p:p + 1], start[1][p:p + 1], 1.0 / 32, 64,
+                               1e-12, POLISH_RIDGE_FP64)
+        assert torch.equal(alone.margin[0], both.margin[p]) and torch.equal(alone.error[0], both.error[p])
+        assert torch.allclose(alone.alpha[0], both.alpha[p], atol=1e-12) and bool(alone.settled[0]) == bool(both.settled[p])

@@ -1,0 +1,107 @@
+"""The fused readout: the log-gate folded into the attention's dot products, one SDPA call per layer.
+
+The gated readout is ``softmax(scale q_r . k_j + bias[r, j])`` with the factored log-gate
+(:class:`~sv_attention.ops.sv_gate.gate.GateBias`) ``bias[b, g, r, j] = log_table[b, g, slot[b, r],
+key_position[b, j]]``: every query row reads one of ``T`` gated slots (or none), and a slot's bias is a
+vector over the keys. Appending ``T`` columns to every key and ``T`` to every query,
+
+    k'_j = [k_j, L_j]     with L_j[t] = log_table[t, key_position[j]]   (t = 0 .. T-1)
+    q'_r = [scale q_r, e_slot(r)]   (the slot's one-hot; the zero vector for an ungated row)
+
+gives ``q'_r . k'_j = scale q_r . k_j + bias[r, j]``: the one-hot picks one column and every other product
+is an exact 0. So SDPA with ``scale=1`` on ``(q', k', v)`` is the gated readout, and it runs torch's fused
+kernel -- with ``is_causal`` (tile skipping) when the visibility is plain causal -- forward and backward,
+instead of a float mask the size of the attention matrix. The values get zero columns up to the same
+head dim (the fused CPU kernel needs equal head dims); the output drops them.
+
+``log 0 = -inf`` on reserve keys becomes :data:`NEG_BIAS` (a finite ``-inf`` would give ``0 * -inf = NaN``
+in the other slots' products): ``exp`` of it underflows to exactly 0 in float32 and float64, so a reserve
+key's weight stays exactly 0, and its gradient too.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from sv_attention.ops.sv_gate.gate import GateBias
+
+#: Stand-in for ``log 0`` in the key columns (exp(NEG_BIAS + x) == 0 for any logit x in fp32 / fp64).
+NEG_BIAS = -1e30
+
+
+def gate_columns(bias: GateBias | torch.Tensor, b: int, g: int, q: int, kv: int,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The key columns and query one-hots of a log-gate.
+
+    Parameters
+    ----------
+    bias : GateBias (causal: ``log_table [b, g, T + 1, P]``, last slot ungated) or Tensor ``[b, g, 1, kv]``
+        (one gate for every row: a non-causal layer)
+
+    Returns
+    -------
+    cols : Tensor ``[b, g, kv, T]``  ``L_j[t]`` (``-inf`` replaced by :data:`NEG_BIAS`)
+    onehot : Tensor ``[b, q, T]``  each row's slot (zeros for an ungated row)
+    """
+    if isinstance(bias, GateBias):
+        T = bias.log_table.shape[2] - 1  # the last slot is "ungated" (log 1 = 0 everywhere)
+        cols = bias.log_table[:, :, :T].gather(3, bias.key_position[:, None, None, :].expand(b, g, T, kv))
+        cols = cols.transpose(2, 3)
+        onehot = (bias.slot[:, :, None] == torch.arange(T, device=bias.slot.device)).to(dtype)
+    else:
+        if bias.shape[2] != 1:
+            raise ValueError(f"a tensor bias must be [b, g, 1, kv] (one gate per row), got {tuple(bias.shape)}")
+        cols = bias.transpose(2, 3)
+        onehot = torch.ones(b, q, 1, dtype=dtype, device=bias.device)
+    return cols.to(dtype).clamp_min(NEG_BIAS), onehot
+
+
+def fused_gated_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
+                     bias: GateBias | torch.Tensor, scaling: float) -> torch.Tensor:
+    """Masked softmax attention with the log-gate added to the logits, as one fused SDPA call.
+
+    Parameters
+    ----------
+    query : Tensor ``[b, h, q, d]`` (fp32 / fp64)
+    key, value : Tensor ``[b, g, kv, d]`` and ``[b, g, kv, dv]`` (``h % g == 0``: GQA by shape)
+    visible : bool Tensor ``[b, q, kv]``  True where the query row may attend the key column
+    bias : GateBias or Tensor ``[b, g, 1, kv]``  (see :func:`gate_columns`)
+    scaling : float  logit scale
+
+    Returns
+    -------
+    Tensor ``[b, h, q, dv]``; rows with no visible key are 0 (and pass no gradient).
+    """
+    b, h, q, d = query.shape
+    g, kv, dv = key.shape[1], key.shape[2], value.shape[-1]
+    if q == 0:
+        return query.new_zeros(b, h, 0, dv)
+    cols, onehot = gate_columns(bias, b, g, q, kv, query.dtype)
+    T = cols.shape[-1]
+    width = max(d + T, dv)
+    q2 = torch.cat([query * scaling, onehot[:, None].expand(b, h, q, T)], -1)
+    k2 = torch.cat([key, cols], -1)
+    if width > d + T:
+        q2, k2 = F.pad(q2, (0, width - d - T)), F.pad(k2, (0, width - d - T))
+    v2 = F.pad(value, (0, width - dv))
+    empty = None
+    if bool(visible.all()):  # a decoding step, an unpadded encoder: no mask
+        mask: dict = {}
+    elif q == kv and bool(torch.equal(visible, _causal(q, visible.device).expand(b, q, kv))):
+        mask = {"is_causal": True}  # plain causal: the kernel skips the tiles above the diagonal
+    else:
+        empty = ~visible.any(-1)  # [b, q]
+        if bool(empty.any()):  # such a row reads key 0 (finite everywhere) and is zeroed below
+            visible = visible | (empty[:, :, None] & (torch.arange(kv, device=visible.device) == 0))
+        else:
+            empty = None
+        mask = {"attn_mask": visible[:, None]}
+    out = F.scaled_dot_product_attention(q2, k2, v2, scale=1.0, enable_gqa=h != g, **mask)[..., :dv]
+    if empty is not None:
+        out = out * (~empty)[:, None, :, None].to(out.dtype)
+    return out
+
+
+def _causal(n: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()[None]

@@ -1,0 +1,91 @@
+"""The fused readout (log-gate folded into the dot products, one SDPA call) equals the eager readout,
+outputs and gradients, for every visibility pattern the gate meets."""
+
+import pytest
+import torch
+
+from sv_attention.ops.sv_gate import GateBias
+from sv_attention.ops.sv_gate.fused import NEG_BIAS, fused_gated_sdpa, gate_columns
+from sv_attention.ops.sv_gate.readout import grouped_attention
+
+
+def _gate_bias(gen, b, g, q, kv, slots, dtype=torch.float64, reserve=True):
+    table = torch.log(torch.rand(b, g, slots + 1, kv, generator=gen, dtype=dtype))
+    table[:, :, slots] = 0.0  # the "ungated" slot
+    if reserve:
+        table[0, 1 % g, 0, 2] = float("-inf")  # reserve keys: weight exactly 0
+        table[-1, 0, slots - 1, 0] = float("-inf")
+    slot = torch.randint(0, slots + 1, (b, q), generator=gen)
+    return GateBias(log_table=table, slot=slot, key_position=torch.arange(kv).expand(b, kv).contiguous())
+
+
+def _visible(kind, b, q, kv):
+    if kind == "causal":
+        return torch.ones(q, kv, dtype=torch.bool).tril().expand(b, q, kv).clone()
+    if kind == "all":
+        return torch.ones(b, q, kv, dtype=torch.bool)
+    vis = torch.ones(q, kv, dtype=torch.bool).tril(kv - q).expand(b, q, kv).clone()  # bottom-right causal
+    vis[1, :, :3] = False  # left padding of sequence 1
+    vis[1, 0] = False  # a row that sees nothing
+    return vis
+
+
+@pytest.mark.parametrize("kind,q,kv", [("causal", 12, 12), ("all", 1, 12), ("all", 5, 9), ("padded", 7, 12)])
+@pytest.mark.parametrize("g,dv", [(2, 3), (4, 9), (1, 5)])
+def test_fused_readout_equals_the_eager_readout_outputs_and_gradients(kind, q, kv, g, dv):
+    gen = torch.Generator().manual_seed(q * 100 + kv + g)
+    b, h, d = 2, 4, 5
+    query = torch.randn(b, h, q, d, generator=gen, dtype=torch.float64, requires_grad=True)
+    key = torch.randn(b, g, kv, d, generator=gen, dtype=torch.float64, requires_grad=True)
+    value = torch.randn(b, g, kv, dv, generator=gen, dtype=torch.float64, requires_grad=True)
+    bias = _gate_bias(gen, b, g, q, kv, slots=3)
+    visible = _visible(kind, b, q, kv)
+    out = fused_gated_sdpa(query, key, value, visible, bias, 0.4)
+    ref, _ = grouped_attention(query, key, value, visible, bias.dense(), 0.4)
+    assert out.shape == ref.shape == (b, h, q, dv)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
+    up = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad((out * up).sum(), (query, key, value))
+    refs = torch.autograd.grad((ref * up).sum(), (query, key, value))
+    for a, r in zip(grads, refs):
+        assert torch.isfinite(a).all()
+        assert torch.allclose(a, r, rtol=1e-10, atol=1e-12)
+    if kind == "padded":
+        assert (out[1, :, 0] == 0).all()
+
+
+def test_a_reserve_key_gets_weight_exactly_zero_in_float32():
+    """log 0 becomes NEG_BIAS: exp underflows to exactly 0, so the reserve key's value never reaches the output."""
+    gen = torch.Generator().manual_seed(3)
+    b, h, g, n, d = 1, 2, 1, 6, 4
+    query = torch.randn(b, h, n, d, generator=gen)
+    key = torch.randn(b, g, n, d, generator=gen)
+    value = torch.zeros(b, g, n, d)
+    value[0, 0, 1] = 1e6  # only the reserve key carries a value
+    table = torch.zeros(b, g, 2, n)
+    table[0, 0, 0, 1] = float("-inf")
+    slot = torch.zeros(b, n, dtype=torch.long)  # every row reads slot 0
+    bias = GateBias(log_table=table, slot=slot, key_position=torch.arange(n)[None])
+    vis = torch.ones(n, n, dtype=torch.bool).tril()[None]
+    out = fused_gated_sdpa(query, key, value, vis, bias, 0.5)
+    assert (out == 0).all()
+    cols, onehot = gate_columns(bias, b, g, n, n, torch.float32)
+    assert cols[0, 0, 1, 0] == NEG_BIAS and onehot.sum(-1).eq(1).all()
+
+
+def test_a_one_row_gate_tensor_is_read_by_every_row():
+    """Non-causal layers pass the gate as a [b, g, 1, kv] tensor: the same bias on every query row."""
+    gen = torch.Generator().manual_seed(5)
+    b, h, g, q, kv, d = 2, 4, 2, 7, 9, 3
+    query = torch.randn(b, h, q, d, generator=gen, dtype=torch.float64)
+    key = torch.randn(b, g, kv, d, generator=gen, dtype=torch.float64)
+    value = torch.randn(b, g, kv, d, generator=gen, dtype=torch.float64)
+    bias = torch.log(torch.rand(b, g, 1, kv, generator=gen, dtype=torch.float64))
+    visible = torch.ones(b, q, kv, dtype=torch.bool)
+    visible[0, :, -2:] = False  # padded keys
+    out = fused_gated_sdpa(query, key, value, visible, bias, 0.3)
+    ref, _ = grouped_attention(query, key, value, visible, bias, 0.3)
+    assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"\[b, g, 1, kv\]"):
+        fused_gated_sdpa(query, key, value, visible, bias.expand(b, g, q, kv), 0.3)
