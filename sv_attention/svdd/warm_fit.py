@@ -189,14 +189,15 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
     out = _FitRecord.empty(G, n, dt, margin, error)
     # the problems still iterating (global ids) and their data
     ids = torch.arange(G, device=dev)
-    cur, cmask, diag = gram, mask, _diagonal(gram)
+    cmask, diag = mask, _diagonal(gram)
+    compacted = False  # True once ids is a strict subset: rows are then read for those problems only
     start = start_alpha
     best = torch.full((G,), n + 1, dtype=torch.long, device=dev)  # fewest violators seen
     backup = torch.full((G,), PIVOT_BACKUP, dtype=torch.long, device=dev)
     positions = torch.arange(n, device=dev)
     run = solves = 0
     while True:
-        Gc = cur.shape[0]
+        Gc = ids.shape[0]
         # the rows of K for the margin keys (slots [0, |S|)) and then the error keys (next |E| slots), one gather
         ns, ne = margin.sum(-1), error.sum(-1)
         w = max(int((ns + ne).max()), 1)
@@ -205,7 +206,7 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
         order = torch.argsort(rank, dim=-1, stable=True)[:, :w]
         slot = torch.arange(w, device=dev)[None, :]
         s_slot, e_slot = slot < ns[:, None], (slot >= ns[:, None]) & (slot < (ns + ne)[:, None])
-        rows = gram_rows_of(cur, order)  # [Gc, w, n]
+        rows = gram_rows_of(gram, order, ids if compacted else None)  # [Gc, w, n]
         order_s, vcf = order[:, :m], s_slot[:, :m].to(dt)
         sub = rows.gather(2, order_s[:, None, :].expand(Gc, w, m))  # K between every support slot and S: [Gc, w, m]
         e_f = e_slot.to(dt)
@@ -268,15 +269,16 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
         margin = (margin & ~to_r & ~to_e) | r_to_s | e_to_s
         error = (error & ~e_to_s) | to_e
         run += 1
-        if isinstance(cur, torch.Tensor) and 2 * int((~finished).sum()) <= Gc:
-            # compact (a dense Gram): the finished problems (nothing moved: their partition and solution are
-            # final) are recorded and leave; only the problems still moving iterate. A lazy row provider keeps
-            # its batch (a finished problem re-solves its unchanged partition to the same result).
+        if isinstance(gram, torch.Tensor) and 2 * int((~finished).sum()) <= Gc:
+            # compact (a dense Gram; no copy of it: rows are read for the remaining problems by index): the
+            # finished problems (nothing moved: their partition and solution are final) are recorded and leave;
+            # only the problems still moving iterate. A lazy row provider keeps its batch (a finished problem
+            # re-solves its unchanged partition to the same result).
             done, keep = finished.nonzero().flatten(), (~finished).nonzero().flatten()
             out.write(ids[done], (a_margin + C * error.to(dt))[done], g[done], rho[done], margin[done], error[done],
                       settled[done])
             ids, margin, error, best, backup = ids[keep], margin[keep], error[keep], best[keep], backup[keep]
-            cmask, diag, cur = cmask[keep], diag[keep], cur[keep]
+            cmask, diag, compacted = cmask[keep], diag[keep], True
             start = None
     violation = kkt_violation(out.alpha, out.g, mask, out.margin, out.error,
                               torch.full((G,), float(C), dtype=dt, device=dev))

@@ -286,6 +286,9 @@ def test_gather_rows_equals_gather_on_contiguous_sliced_and_expanded_batches():
         index = torch.stack([torch.randperm(r, generator=gen)[:4] for _ in range(G)])
         ref = mat.gather(1, index[:, :, None].expand(G, 4, c))
         assert torch.equal(gather_rows(mat, index), ref)
+        problems = torch.tensor([G - 1, 0, G - 1])  # rows of chosen problems (repeats allowed), no copy first
+        sub = index[:3]
+        assert torch.equal(gather_rows(mat, sub, problems), mat[problems].gather(1, sub[:, :, None].expand(3, 4, c)))
     leaf = full[0].clone().requires_grad_()
     index = torch.tensor([[1, 2], [0, 0], [3, 1]])
     gather_rows(leaf, index).sum().backward()  # the differentiable path
