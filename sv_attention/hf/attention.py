@@ -29,10 +29,19 @@ a fingerprint of the keys on every call, so fresh prefills, crops and beam reord
 :func:`reset_state` to drop it (e.g. to free memory after generation). A non-causal layer (cross-attention,
 an encoder) keeps its last gate (:class:`FixedKeysGate`) and reuses it while the keys are unchanged (every
 key's first feature compared exactly): a cross-attention gate is fitted once per generation.
+
+torch.compile: the gate fit is data-dependent (boundaries, active sets, the decoding state above), so a
+``"sv_attention"`` layer call always runs eagerly. Traced without autograd (``torch.no_grad()``,
+``generate()``) it is one opaque custom operator, ``torch.ops.sv_attention.layer_call``: a node of the graph,
+not a graph break, so the model compiles to one graph (``fullgraph=True`` works) and computes exactly what it
+computes eagerly, decoding state included. Traced with autograd it runs behind one
+``torch.compiler.disable`` boundary (:func:`compiled_call`). ``"ceq"`` traces to one graph as it is.
 """
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,7 +282,23 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     -------
     out : Tensor ``[b, q_len, h, d]``
     weights : Tensor ``[b, h, q_len, kv_len]`` when ``output_attentions`` else None
+
+    Notes
+    -----
+    Eagerly this is :func:`sv_attention_eager`. Under ``torch.compile`` (:mod:`torch._dynamo` tracing) a call
+    that needs no autograd graph is one opaque operator (:func:`compiled_call`): the whole layer call, the gate
+    fit included, runs eagerly inside it, so a model traces to one graph without a break; a call that needs
+    gradients runs :func:`sv_attention_eager` behind one ``torch.compiler.disable`` boundary.
     """
+    if torch.compiler.is_compiling():
+        return compiled_call(module, query, key, value, attention_mask, dropout, scaling, kwargs)
+    return sv_attention_eager(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+
+def sv_attention_eager(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                       **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The eager body of :func:`sv_attention_forward` (same arguments and result)."""
     settings: SVSettings = module_settings(module, SV_NAME)  # type: ignore[assignment]
     ensure_compatible(module, SV_NAME, settings)
     _refuse_unsupported(SV_NAME, module, kwargs)
@@ -323,6 +348,123 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     elif keep_state and settings.gated and result.gate is not None and fitted is None:
         module.__dict__[STATE_ATTR] = FixedKeysGate(key_fingerprint(key), visible.any(1), settings, result.gate)
     return result.out.transpose(1, 2).contiguous(), result.weights
+
+
+# ------------------------------------------------------------------------------------------------------------
+# sv_attention under torch.compile: the layer call as one opaque operator
+# ------------------------------------------------------------------------------------------------------------
+#: The attention modules a compiled graph calls the operator for, by number (filled while tracing), and back.
+_TRACED_MODULES: weakref.WeakValueDictionary[int, torch.nn.Module] = weakref.WeakValueDictionary()
+_MODULE_NUMBERS: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+_NEXT_NUMBER = itertools.count()
+#: Schema of :func:`_layer_call` (written out: ``infer_schema`` of older torch misreads postponed annotations).
+_LAYER_CALL_SCHEMA = ("(Tensor query, Tensor key, Tensor value, Tensor? attention_mask, Tensor? indices, int module_number, "
+                      "float dropout, float? scaling, bool use_cache, bool output_attentions, bool? is_causal, "
+                      "bool has_window, int? sliding_window) -> (Tensor, Tensor)")
+
+
+def _assume_constant(fn):
+    """``torch._dynamo.assume_constant_result`` (run once while tracing, its result a constant)."""
+    mark = getattr(torch._dynamo, "assume_constant_result", None)
+    return fn if mark is None else mark(fn)
+
+
+@_assume_constant
+def remember_module(module: torch.nn.Module) -> int:
+    """The number of ``module`` for the operator, recorded weakly; runs at trace time only (its result is a
+    constant of the graph). Numbers count from 0 in tracing order, so the same program traces the same graph
+    in every process (``id`` would not, defeating inductor's graph cache)."""
+    number = _MODULE_NUMBERS.get(module)
+    if number is None:
+        number = _MODULE_NUMBERS[module] = next(_NEXT_NUMBER)
+        _TRACED_MODULES[number] = module
+    return number
+
+
+@torch.library.custom_op("sv_attention::layer_call", mutates_args=(), schema=_LAYER_CALL_SCHEMA)
+def _layer_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+                indices: torch.Tensor | None, module_number: int, dropout: float, scaling: float | None,
+                use_cache: bool, output_attentions: bool, is_causal: bool | None, has_window: bool,
+                sliding_window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One eager :func:`sv_attention_eager` call of the module numbered ``module_number`` (see :func:`compiled_call`).
+
+    Returns
+    -------
+    out : Tensor ``[b, q_len, h, dv]``
+    weights : Tensor ``[b, h, q_len, kv_len]`` with ``output_attentions``, else an empty tensor
+    """
+    module = _TRACED_MODULES.get(module_number)
+    if module is None:
+        raise InvalidInputError(
+            "a compiled sv_attention graph called an attention module that no longer exists; call "
+            "torch._dynamo.reset() (or compile the model again) after replacing its modules")
+    kwargs: dict[str, Any] = {"use_cache": use_cache, "output_attentions": output_attentions}
+    if is_causal is not None:
+        kwargs["is_causal"] = is_causal
+    if has_window:
+        kwargs["sliding_window"] = sliding_window
+    if indices is not None:
+        kwargs["indices"] = indices
+    out, weights = sv_attention_eager(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    return out, (weights if weights is not None else query.new_empty(0))
+
+
+@_layer_call.register_fake
+def _layer_call_fake(query, key, value, attention_mask, indices, module_number, dropout, scaling, use_cache,
+                     output_attentions, is_causal, has_window, sliding_window):
+    b, h, q_len, _ = query.shape
+    out = query.new_empty(b, q_len, h, value.shape[-1])
+    weights = query.new_empty(b, h, q_len, key.shape[2]) if output_attentions else query.new_empty(0)
+    return out, weights
+
+
+#: :func:`sv_attention_eager` behind one ``torch.compiler.disable`` boundary (calls that need gradients).
+eager_boundary = torch.compiler.disable(sv_attention_eager)
+
+
+def _operator_ready(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, dropout: Any,
+                    scaling: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether a traced call can be the opaque operator: no autograd graph is needed, every argument the
+    eager body reads has a type the operator carries, and no refused argument is passed (the eager body
+    then raises)."""
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return False
+    if any(kwargs.get(k) is not None for k in _UNSUPPORTED):
+        return False
+    window = kwargs.get("sliding_window")
+    return (attention_mask is None or isinstance(attention_mask, torch.Tensor)) \
+        and isinstance(kwargs.get("indices"), (torch.Tensor, type(None))) \
+        and isinstance(dropout, (int, float)) and isinstance(scaling, (int, float, type(None))) \
+        and isinstance(kwargs.get("is_causal"), (bool, type(None))) \
+        and (window is None or (isinstance(window, int) and not isinstance(window, bool)))
+
+
+def compiled_call(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, dropout: Any, scaling: Any,
+                  kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`sv_attention_forward` while :mod:`torch._dynamo` traces it.
+
+    The gate fit is data-dependent (boundaries, active sets, decoding state kept on the module), so the
+    layer call runs eagerly either way. Without autograd it is the custom operator
+    ``torch.ops.sv_attention.layer_call``: opaque to the tracer, it is a node of the graph, not a graph
+    break, and its output shapes follow from the inputs. The module travels as a number
+    (:func:`remember_module`, a constant of the graph; the trace guards on the module's identity). A call that needs gradients (or
+    carries an argument the operator does not) runs :func:`eager_boundary` instead: one graph break.
+
+    Returns
+    -------
+    As :func:`sv_attention_forward`.
+    """
+    if not _operator_ready(query, key, value, attention_mask, dropout, scaling, kwargs):
+        return eager_boundary(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    id(module)  # traced: guards the graph on this very module (the number below is a constant without a guard)
+    number = remember_module(module)
+    output_attentions = bool(kwargs.get("output_attentions"))
+    out, weights = _layer_call(
+        query, key, value, attention_mask, kwargs.get("indices"), number, float(dropout),
+        None if scaling is None else float(scaling), bool(kwargs.get("use_cache", True)), output_attentions,
+        kwargs.get("is_causal"), "sliding_window" in kwargs, kwargs.get("sliding_window"))
+    return out, (weights if output_attentions else None)
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -11,7 +11,10 @@ is checked at the first call of each attention module (:func:`ensure_compatible`
 What is refused (each message starts with the attention module's path, e.g. ``model.layers.3.self_attn``):
 
 - a model whose modeling code does not call ``AttentionInterface`` (Falcon: its attention class is picked
-  from a fixed table when the model is built, so no registered implementation can run in it);
+  from a fixed table when the model is built, so no registered implementation can run in it); refused by
+  every door, building included: ``from_pretrained(..., attn_implementation="sv_attention")`` raises
+  :class:`~sv_attention.errors.UnsupportedFeatureError` (:func:`build_refusal`) instead of transformers' bare
+  ``KeyError``;
 - attention-logit softcapping (Gemma2: ``attn_logit_softcapping``);
 - learned attention sinks (``s_aux``; a ``sinks`` parameter on the module, gpt-oss);
 - T5-style relative position bias (``position_bias``);
@@ -42,8 +45,8 @@ CHECKED_ATTR = "_sv_attention_checked"
 _ATTENTION_CLASS = re.compile(r"Attention")
 _SKIP_SWITCH_CHECK: contextvars.ContextVar[bool] = contextvars.ContextVar("sv_attention_skip_check", default=False)
 
-__all__ = ["attention_modules", "check", "ensure_compatible", "install_switch_hook", "label_modules",
-           "module_label", "module_problems"]
+__all__ = ["attention_modules", "build_refusal", "check", "ensure_compatible", "fixed_attention_problem",
+           "install_switch_hook", "label_modules", "module_label", "module_problems"]
 
 
 def attention_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -120,6 +123,27 @@ def module_problems(module: torch.nn.Module, name: str, settings: OperatorSettin
     return out
 
 
+def fixed_attention_problem(cls: type, name: str) -> str | None:
+    """Why a model class cannot run implementation ``name`` at all, or None.
+
+    The one rule for every door (:func:`check`, :func:`sv_attention.enable`, ``set_attn_implementation``
+    and building the model with ``attn_implementation=name``): a ``PreTrainedModel`` class whose modeling code
+    does not call ``AttentionInterface`` (transformers' own test, ``_can_set_attn_implementation``) picks its
+    attention class when it is built (Falcon: a fixed table that has no entry for ``name``), so no registered
+    implementation can run in it.
+
+    Returns
+    -------
+    str or None : one sentence (without a module path) that says what to do instead.
+    """
+    can_set = getattr(cls, "_can_set_attn_implementation", None)
+    if can_set is None or can_set():
+        return None
+    return (f"{cls.__name__}'s modeling code ({cls.__module__}) does not call AttentionInterface: its attention "
+            f"class is fixed when the model is built, so {name!r} can run neither through set_attn_implementation "
+            "nor through from_pretrained(..., attn_implementation=...); keep 'eager' or 'sdpa' for this model")
+
+
 def _model_problems(model: torch.nn.Module, name: str) -> list[str]:
     from transformers import PreTrainedModel
 
@@ -129,13 +153,9 @@ def _model_problems(model: torch.nn.Module, name: str) -> list[str]:
         if not isinstance(m, PreTrainedModel) or type(m).__module__ in seen:
             continue
         seen.add(type(m).__module__)
-        if not type(m)._can_set_attn_implementation():
-            where = path or type(m).__name__
-            out.append(
-                f"{where}: {type(m).__name__}'s modeling code ({type(m).__module__}) does not call "
-                f"AttentionInterface: its attention class is fixed when the model is built, so {name!r} can run "
-                "neither through set_attn_implementation nor through from_pretrained(..., attn_implementation=...); "
-                "keep 'eager' or 'sdpa' for this model")
+        problem = fixed_attention_problem(type(m), name)
+        if problem is not None:
+            out.append(f"{path or type(m).__name__}: {problem}")
     return out
 
 
@@ -178,6 +198,33 @@ def refusal(model: torch.nn.Module, impl: str, problems: list[str]) -> Unsupport
         + "\n  - ".join(problems))
 
 
+def attention_settings(config: Any) -> list[tuple[Any, Any]]:
+    """``(config, stored attention setting)`` for ``config`` and every sub-config under it (any depth)."""
+    out, todo, seen = [], [config], set()
+    while todo:
+        cfg = todo.pop()
+        if cfg is None or id(cfg) in seen or not hasattr(cfg, "__dict__"):
+            continue
+        seen.add(id(cfg))
+        out.append((cfg, cfg.__dict__.get("_attn_implementation_internal")))
+        todo += [getattr(cfg, k, None) for k in getattr(cfg, "sub_configs", {}) or {}]
+    return out
+
+
+def restore_attention_settings(saved: list[tuple[Any, Any]]) -> None:
+    """Put back what :func:`attention_settings` recorded."""
+    for cfg, value in saved:
+        cfg.__dict__["_attn_implementation_internal"] = value
+
+
+def build_refusal(cls: type, impl: str, problem: str) -> UnsupportedFeatureError:
+    """The error raised when a model of class ``cls`` is built with ``attn_implementation=impl`` (``from_pretrained``,
+    ``from_config``, or a config that already names ``impl``) and :func:`fixed_attention_problem` says it cannot run
+    it; raised before any layer is built (transformers itself would fail later with a bare ``KeyError``)."""
+    return UnsupportedFeatureError(f"{cls.__name__} cannot be built with attn_implementation={impl!r} (the config "
+                                   f"passed in is unchanged): {problem}")
+
+
 def ensure_compatible(module: torch.nn.Module, name: str, settings: OperatorSettings) -> None:
     """First-call check of one attention module (memoised per implementation and settings object).
 
@@ -207,7 +254,11 @@ def switch_checked() -> Iterator[None]:
 
 def install_switch_hook() -> None:
     """Wrap ``PreTrainedModel.set_attn_implementation`` (once) so that switching to ``"sv_attention"`` or
-    ``"ceq"`` runs :func:`check` first and raises :func:`refusal` before anything changes; and
+    ``"ceq"`` runs :func:`check` first and raises :func:`refusal` before anything changes;
+    ``PreTrainedModel._check_and_adjust_attn_implementation`` (the check ``PreTrainedModel.__init__`` runs before
+    any layer is built) so that building a model whose attention is fixed (:func:`fixed_attention_problem`) with
+    one of them raises :func:`build_refusal` (``PreTrainedModel._from_config``, which writes
+    ``attn_implementation=`` into the caller's config, puts the config back when that happens); and
     ``PreTrainedModel.post_init`` so that a model built with one of them records its module paths."""
     from transformers import PreTrainedModel
 
@@ -224,6 +275,33 @@ def install_switch_hook() -> None:
 
         set_attn_implementation._sv_attention_hook = True  # type: ignore[attr-defined]
         PreTrainedModel.set_attn_implementation = set_attn_implementation  # type: ignore[method-assign]
+
+    adjust = PreTrainedModel._check_and_adjust_attn_implementation
+    if not getattr(adjust, "_sv_attention_hook", False):
+        @functools.wraps(adjust)
+        def checked_adjust(self, attn_implementation, *args, **kwargs):
+            if isinstance(attn_implementation, str) and attn_implementation in IMPLEMENTATIONS:
+                problem = fixed_attention_problem(type(self), attn_implementation)
+                if problem is not None:
+                    raise build_refusal(type(self), attn_implementation, problem)
+            return adjust(self, attn_implementation, *args, **kwargs)
+
+        checked_adjust._sv_attention_hook = True  # type: ignore[attr-defined]
+        PreTrainedModel._check_and_adjust_attn_implementation = checked_adjust  # type: ignore[method-assign]
+
+    from_config = PreTrainedModel.__dict__["_from_config"].__func__
+    if not getattr(from_config, "_sv_attention_hook", False):
+        @functools.wraps(from_config)
+        def restoring_from_config(cls, config, **kwargs):
+            before = attention_settings(config)
+            try:
+                return from_config(cls, config, **kwargs)
+            except UnsupportedFeatureError:
+                restore_attention_settings(before)  # transformers wrote attn_implementation= into the caller's config
+                raise
+
+        restoring_from_config._sv_attention_hook = True  # type: ignore[attr-defined]
+        PreTrainedModel._from_config = classmethod(restoring_from_config)  # type: ignore[method-assign,assignment]
 
     post_init = PreTrainedModel.post_init
     if not getattr(post_init, "_sv_attention_hook", False):

@@ -29,9 +29,15 @@ def test_bench_step_smallest_setting(tmp_path, capsys):
     assert data["profile_sv_step"][-1]["ms"] > 0
     assert "ratio sv/sdpa" in capsys.readouterr().out
     # the second row: the model `make demo` trains, measured the same way
-    first, demo = data["rows"]
+    first, demo, trained = data["rows"]
     assert first["name"] == "flags" and first["ratio_sv_over_sdpa"] == data["ratio_sv_over_sdpa"]
     assert demo["name"] == "make demo" and demo["target_ratio"] == 2.0
     assert {k: demo["config"][k] for k in ("layers", "d_model", "heads", "block", "chunk")} == \
         {"layers": 2, "d_model": 128, "heads": 4, "block": 128, "chunk": 32}
     assert abs(demo["ratio_sv_over_sdpa"] - demo["step_s"]["sv"] / demo["step_s"]["sdpa"]) < 1e-12
+    # the third row: the published checkpoint's trained weights on text, SV vs the same weights with softmax
+    assert trained["name"] == "published checkpoint (trained weights, text)" and trained["target_ratio"] is None
+    assert trained["config"]["checkpoint"] == "hf_artifact" and trained["config"]["batch"] == 2
+    assert abs(trained["ratio_sv_over_sdpa"] - trained["step_s"]["sv"] / trained["step_s"]["sdpa"]) < 1e-12
+    assert all(0.0 < v < 2.0 for v in trained["loss"].values())  # trained: far below log(256) = 5.5 nats per byte
+    assert trained["gate_stats_timed_steps"]["pdas_problems"] > 0

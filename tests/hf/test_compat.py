@@ -81,3 +81,49 @@ def test_falcon_switch_refused_and_config_untouched():
     with pytest.raises(ConfigError, match=r"from_pretrained\(\.\.\., attn_implementation='eager'\)"):
         sv_attention.enable(m, "eager")  # a correct instruction for the built-in names too
     assert m.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("impl", ["sv_attention", "ceq"])
+def test_falcon_from_pretrained_refused_with_the_check_verdict_and_config_untouched(impl, tmp_path):
+    """Building Falcon with a registered name fails with our typed error (not transformers' bare KeyError from
+    its fixed attention table), with the very sentence check() and enable() give, before any layer is built."""
+    from transformers import AutoModelForCausalLM, FalconConfig, FalconForCausalLM
+
+    m = tiny.falcon()
+    m.save_pretrained(tmp_path)
+    (verdict,) = sv_attention.check(m, impl)
+    sentence = verdict.split(": ", 1)[1]
+    with pytest.raises(UnsupportedFeatureError) as switched:
+        sv_attention.enable(m, impl)
+    assert sentence in str(switched.value)
+    with pytest.raises(UnsupportedFeatureError) as built:
+        FalconForCausalLM.from_pretrained(tmp_path, attn_implementation=impl)
+    assert not isinstance(built.value, KeyError)
+    assert sentence in str(built.value) and "keep 'eager' or 'sdpa'" in str(built.value)
+    cfg = FalconConfig.from_pretrained(tmp_path)
+    before = cfg._attn_implementation
+    for build in (lambda: FalconForCausalLM.from_pretrained(tmp_path, config=cfg, attn_implementation=impl),
+                  lambda: AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=impl),
+                  lambda: AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)):
+        with pytest.raises(UnsupportedFeatureError, match="cannot be built with"):
+            build()
+        assert cfg._attn_implementation == before  # from_config writes into the caller's config: put back
+    loaded = FalconForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")  # other names untouched
+    assert loaded.config._attn_implementation == "eager"
+    with torch.no_grad():
+        assert torch.allclose(loaded(IDS).logits, m(IDS).logits, atol=1e-5)
+
+
+def test_from_pretrained_with_sv_attention_still_builds_a_model_that_calls_it(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from sv_attention.hf.attention import STATE_ATTR
+
+    m = tiny.llama()
+    m.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="sv_attention").eval()
+    assert loaded.config._attn_implementation == "sv_attention"
+    sv_attention.enable(m, "sv_attention")
+    with torch.no_grad():
+        assert torch.allclose(loaded(IDS).logits, m(IDS).logits, atol=1e-5)
+    assert all(STATE_ATTR in layer.self_attn.__dict__ for layer in loaded.model.layers)  # its layers ran sv_attention
