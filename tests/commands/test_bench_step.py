@@ -39,5 +39,7 @@ def test_bench_step_smallest_setting(tmp_path, capsys):
     assert trained["name"] == "published checkpoint (trained weights, text)" and trained["target_ratio"] is None
     assert trained["config"]["checkpoint"] == "hf_artifact" and trained["config"]["batch"] == 2
     assert abs(trained["ratio_sv_over_sdpa"] - trained["step_s"]["sv"] / trained["step_s"]["sdpa"]) < 1e-12
-    assert all(0.0 < v < 2.0 for v in trained["loss"].values())  # trained: far below log(256) = 5.5 nats per byte
+    # the weights were trained with the SV operator: its loss is far below log(256) = 5.5 nats per byte (the
+    # softmax arm runs the same weights with another operator, so only its time is comparable)
+    assert 0.0 < trained["loss"]["sv"] < 2.0 and 0.0 < trained["loss"]["sdpa"] < 10.0
     assert trained["gate_stats_timed_steps"]["pdas_problems"] > 0
