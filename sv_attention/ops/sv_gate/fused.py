@@ -77,6 +77,8 @@ def fused_gated_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     g, kv, dv = key.shape[1], key.shape[2], value.shape[-1]
     if q == 0:
         return query.new_zeros(b, h, 0, dv)
+    if q == 1:  # a decoding step: the bias is one row, a float mask costs less than widening every key
+        return _one_row(query, key, value, visible, bias, scaling)
     cols, onehot = gate_columns(bias, b, g, q, kv, query.dtype)
     T = cols.shape[-1]
     width = max(d + T, dv)
@@ -101,6 +103,21 @@ def fused_gated_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if empty is not None:
         out = out * (~empty)[:, None, :, None].to(out.dtype)
     return out
+
+
+def _one_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
+             bias: GateBias | torch.Tensor, scaling: float) -> torch.Tensor:
+    """:func:`fused_gated_sdpa` for one query row: the bias row as SDPA's float mask (``[b, h, 1, kv]``)."""
+    b, h, _, _ = query.shape
+    g = key.shape[1]
+    row = bias.rows(0, 1, key.shape[2]) if isinstance(bias, GateBias) else bias  # [b, g, 1, kv]
+    mask = row.to(query.dtype).repeat_interleave(h // g, dim=1).masked_fill(~visible[:, None], float("-inf"))
+    empty = ~visible.any(-1)  # [b, 1]
+    if bool(empty.any()):  # such a row reads key 0 (finite everywhere) and is zeroed below
+        mask = torch.where(empty[:, None, :, None] & (torch.arange(key.shape[2], device=mask.device) == 0),
+                           torch.zeros_like(mask), mask)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=h != g)
+    return out * (~empty)[:, None, :, None].to(out.dtype)
 
 
 def _causal(n: int, device: torch.device) -> torch.Tensor:

@@ -24,13 +24,19 @@ def _visible(kind, b, q, kv):
         return torch.ones(q, kv, dtype=torch.bool).tril().expand(b, q, kv).clone()
     if kind == "all":
         return torch.ones(b, q, kv, dtype=torch.bool)
+    if kind == "row":  # one decoding row per sequence: padded keys in sequence 0, nothing visible in sequence 1
+        vis = torch.ones(b, q, kv, dtype=torch.bool)
+        vis[0, :, :3] = False
+        vis[1] = False
+        return vis
     vis = torch.ones(q, kv, dtype=torch.bool).tril(kv - q).expand(b, q, kv).clone()  # bottom-right causal
     vis[1, :, :3] = False  # left padding of sequence 1
     vis[1, 0] = False  # a row that sees nothing
     return vis
 
 
-@pytest.mark.parametrize("kind,q,kv", [("causal", 12, 12), ("all", 1, 12), ("all", 5, 9), ("padded", 7, 12)])
+@pytest.mark.parametrize("kind,q,kv", [("causal", 12, 12), ("all", 1, 12), ("row", 1, 12), ("all", 5, 9),
+                                       ("padded", 7, 12)])
 @pytest.mark.parametrize("g,dv", [(2, 3), (4, 9), (1, 5)])
 def test_fused_readout_equals_the_eager_readout_outputs_and_gradients(kind, q, kv, g, dv):
     gen = torch.Generator().manual_seed(q * 100 + kv + g)
@@ -51,7 +57,7 @@ def test_fused_readout_equals_the_eager_readout_outputs_and_gradients(kind, q, k
     for a, r in zip(grads, refs):
         assert torch.isfinite(a).all()
         assert torch.allclose(a, r, rtol=1e-10, atol=1e-12)
-    if kind == "padded":
+    if kind in ("padded", "row"):
         assert (out[1, :, 0] == 0).all()
 
 
