@@ -75,10 +75,12 @@ def _c_column(C: torch.Tensor) -> torch.Tensor:
     return C[:, None]
 
 
-def gather_rows(mat: torch.Tensor, index: torch.Tensor, problems: torch.Tensor | None = None) -> torch.Tensor:
+def gather_rows(mat: torch.Tensor, index: torch.Tensor, problems: torch.Tensor | None = None, *,
+                checked: bool = True) -> torch.Tensor:
     """Rows ``mat[g, index[g, i], :]`` of a batch of matrices: ``mat [G, r, c]``, ``index [G, m]`` -> ``[G, m, c]``
     (with ``problems`` (long ``[G']``): rows ``mat[problems[k], index[k, i], :]``, ``index [G', m]`` -> ``[G', m, c]``,
-    without copying the selected matrices first).
+    without copying the selected matrices first). ``checked=False`` skips the range check of ``index`` (two
+    reductions and host reads; for callers whose indices come from a sort of ``range(r)``).
 
     Equal to ``mat.gather(1, index[..., None].expand(G, m, c))``. Without autograd, when the rows of all
     problems lie on one row grid of the storage (contiguous batches, and slices ``full[..., :s, :s]`` of a
@@ -90,9 +92,10 @@ def gather_rows(mat: torch.Tensor, index: torch.Tensor, problems: torch.Tensor |
     sG, sR, sC = mat.stride()
     differentiable = torch.is_grad_enabled() and mat.requires_grad
     if not differentiable and G > 0 and Gi > 0 and m > 0 and sC == 1 and sR >= c and sG > 0 and sG % sR == 0:
-        lo, hi = int(index.min()), int(index.max())
-        if lo < 0 or hi >= r:  # the grid would read another problem's row: refuse like gather does
-            raise IndexError(f"gather_rows: row index {lo if lo < 0 else hi} out of range for {r} rows")
+        if checked:
+            lo, hi = int(index.min()), int(index.max())
+            if lo < 0 or hi >= r:  # the grid would read another problem's row: refuse like gather does
+                raise IndexError(f"gather_rows: row index {lo if lo < 0 else hi} out of range for {r} rows")
         per = sG // sR  # rows of the grid between two problems
         grid = mat.as_strided(((G - 1) * per + r, c), (sR, 1))
         owner = torch.arange(G, device=mat.device) if problems is None else problems
@@ -119,12 +122,13 @@ def pack_members(members: torch.Tensor, min_width: int = 0) -> tuple[torch.Tenso
     return order, used, count
 
 
-def gram_rows_of(gram: Any, index: torch.Tensor, problems: torch.Tensor | None = None) -> torch.Tensor:
+def gram_rows_of(gram: Any, index: torch.Tensor, problems: torch.Tensor | None = None, *,
+                 checked: bool = True) -> torch.Tensor:
     """Rows ``K[g, index[g, i], :]`` of a dense Gram (:func:`gather_rows`, of the ``problems`` when given) or
     of a lazy row provider with a ``rows(index)`` method (:class:`sv_attention.svdd.gram_rows.LazyPrefix`;
     all problems)."""
     if isinstance(gram, torch.Tensor):
-        return gather_rows(gram, index, problems)
+        return gather_rows(gram, index, problems, checked=checked)
     if problems is not None:
         raise ValueError("a lazy Gram provider reads the rows of all its problems")
     return gram.rows(index)

@@ -206,7 +206,7 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
         order = torch.argsort(rank, dim=-1, stable=True)[:, :w]
         slot = torch.arange(w, device=dev)[None, :]
         s_slot, e_slot = slot < ns[:, None], (slot >= ns[:, None]) & (slot < (ns + ne)[:, None])
-        rows = gram_rows_of(gram, order, ids if compacted else None)  # [Gc, w, n]
+        rows = gram_rows_of(gram, order, ids if compacted else None, checked=False)  # [Gc, w, n] (order: a sort)
         order_s, vcf = order[:, :m], s_slot[:, :m].to(dt)
         sub = rows.gather(2, order_s[:, None, :].expand(Gc, w, m))  # K between every support slot and S: [Gc, w, m]
         e_f = e_slot.to(dt)
@@ -244,11 +244,11 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
             coef = torch.nn.functional.pad(alpha_c, (0, w - m)) + C * e_f
             g = rho[:, None] - diag + 2.0 * (coef[:, None, :] @ rows)[:, 0]  # K alpha = K_S alpha_S + C K 1_E
         a_margin = torch.zeros(Gc, n, dtype=dt, device=dev).scatter_add_(1, order_s, alpha_c)
-        to_r = margin & (a_margin < -tol * C)
-        to_e = margin & (a_margin > C * (1.0 + tol))
-        r_to_s = cmask & ~margin & ~error & (g < -tol)
-        e_to_s = error & (g > tol)
-        violators = to_r | to_e | r_to_s | e_to_s
+        # each key's KKT violation in the units of its move rule: alpha / C outside [0, 1] on the margin,
+        # g > 0 on E, g < 0 on R; a key violates when its size exceeds tol
+        a_rel = a_margin / C
+        size = torch.where(margin, torch.maximum(-a_rel, a_rel - 1.0), torch.where(error, g, -g))
+        violators = (size > tol) & cmask
         n_viol = violators.sum(-1)
         finished = n_viol == 0
         settled = finished & (ns > 0) & (info == 0) & finite
@@ -261,13 +261,10 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
         block = improved | (backup > 0)
         backup = torch.where(improved, torch.full_like(backup, PIVOT_BACKUP), backup - (~improved).long()).clamp_min(0)
         best = torch.minimum(best, n_viol)
-        # a violation's size, in the units of its move rule (alpha / C on the margin, g on R and E)
-        size = torch.where(to_r, -a_margin / C, torch.where(to_e, a_margin / C - 1.0, torch.where(r_to_s, -g, g)))
-        size = torch.where(violators, size, torch.full_like(size, -1.0))
-        move = torch.where(block[:, None], violators, positions == size.argmax(-1, keepdim=True))
-        to_r, to_e, r_to_s, e_to_s = to_r & move, to_e & move, r_to_s & move, e_to_s & move
-        margin = (margin & ~to_r & ~to_e) | r_to_s | e_to_s
-        error = (error & ~e_to_s) | to_e
+        move = violators & (block[:, None] | (positions == size.masked_fill(~cmask, -1.0).argmax(-1, keepdim=True)))
+        # margin keys leave (to E above C, to R below 0), reserve and error keys join the margin
+        error = (error & ~move) | (move & margin & (a_rel > 1.0))
+        margin = margin ^ move
         run += 1
         if isinstance(gram, torch.Tensor) and 2 * int((~finished).sum()) <= Gc:
             # compact (a dense Gram; no copy of it: rows are read for the remaining problems by index): the
