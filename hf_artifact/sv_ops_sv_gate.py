@@ -10,7 +10,9 @@
 - :mod:`~sv_attention.ops.sv_gate.exact`: the incremental exact path (``solver="exact"``).
 - :mod:`~sv_attention.ops.sv_gate.state`: the decoding state and its fingerprint rule.
 - :mod:`~sv_attention.ops.sv_gate.gate`: one layer call's gate (the log-gate bias).
-- :mod:`~sv_attention.ops.sv_gate.readout`: the blocked biased SDPA readout and the explicit one.
+- :mod:`~sv_attention.ops.sv_gate.fused`: the fused readout (the log-gate folded into the dot products, one
+  SDPA call).
+- :mod:`~sv_attention.ops.sv_gate.readout`: the explicit (eager) readout, the fused one's reference.
 - :mod:`~sv_attention.ops.sv_gate.attention`: :func:`sv_gate_attention`, the entry point every door calls.
 """
 

@@ -18,8 +18,9 @@ import torch
 
 from .sv_errors import InvalidInputError
 from .sv_ops_settings import SVSettings
+from .sv_ops_sv_gate_fused import fused_gated_sdpa
 from .sv_ops_sv_gate_gate import Gate, GateBias, causal_gate, full_gate
-from .sv_ops_sv_gate_readout import grouped_attention, grouped_biased_sdpa
+from .sv_ops_sv_gate_readout import grouped_attention
 from .sv_ops_sv_gate_state import GateState
 
 
@@ -112,7 +113,8 @@ def sv_gate_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
             dense = bias.dense() if isinstance(bias, GateBias) else bias
             out, weights = grouped_attention(query, key, value, visible, dense, sc, dropout)
         return GatedAttention(out=out, weights=weights if return_weights else None, gate=gate)
-    # a gate: the fused blocked kernel, equal to grouped_attention to rounding (tested)
+    # a gate: the log-gate folded into the dot products, one fused SDPA call, equal to grouped_attention to
+    # rounding, outputs and gradients (tested)
     with torch.profiler.record_function("sv.readout"):
-        out = grouped_biased_sdpa(query, key, value, visible, bias, sc)
+        out = fused_gated_sdpa(query, key, value, visible, bias, sc)
     return GatedAttention(out=out, weights=None, gate=gate)

@@ -13,6 +13,15 @@ Fits (:mod:`sv_attention.ops.sv_gate.fit`): ``solver="batched"`` runs the warm-s
 (boundaries in increasing order, each warm from the previous one's gate) and, with
 ``detach_gate=False``, the differentiable final solve; ``solver="exact"`` streams the keys into fp64
 maintained solvers (:mod:`sv_attention.ops.sv_gate.exact`).
+
+Decode fast path: a decode step (one query per sequence, kept state) whose new key column is a valid key of
+every sequence, whose older columns are the previous call's, and whose gates are all fitted already (the step
+crosses no boundary) is served from what the previous call left in the state
+(:class:`~sv_attention.ops.sv_gate.state.DecodeCache`): the positions are counts kept in Python, the key
+positions a prefix of a kept buffer, and the log-table (only the slots the step reads, laid out as the general
+path lays them out) is built once per set of boundaries read, not per step. It returns the same gate, bias (table,
+slots, key positions), bandwidth and state as the general path (tested bit for bit); :data:`DECODE_FAST_PATH`
+turns it off, ``gate_stats()`` counts it (``decode_fast_path``).
 """
 
 from __future__ import annotations
@@ -33,8 +42,8 @@ from .sv_ops_sv_gate_fit import (
     fit_from,
     fit_masked,
 )
-from .sv_ops_sv_gate_schedule import GateSchedule, bandwidth
-from .sv_ops_sv_gate_state import GateState
+from .sv_ops_sv_gate_schedule import GateSchedule, bandwidth, decode_boundaries
+from .sv_ops_sv_gate_state import DecodeCache, DecodeTable, GateState, key_fingerprint
 from .sv_svdd_gram_rows import LazyRBFGram
 from .sv_threads import torch_threads
 
@@ -46,6 +55,11 @@ DENSE_GRAM_MAX_BYTES = 256 * 2**20
 #: extra threads cost more in synchronisation than they save -- measured 5-10x slower with 2 threads
 #: than with 1 on a loaded 2-core machine; the Gram and the attention itself keep every thread.
 GATE_FIT_THREADS: int | None = 1
+#: Serve decode steps whose gates are already fitted from the state's :class:`DecodeCache` (same result as the
+#: general path, a fraction of its bookkeeping). False: every call takes the general path and no cache is kept.
+DECODE_FAST_PATH = True
+#: Key columns the decode cache's buffers hold past the call that builds them (grown on demand).
+DECODE_HEADROOM = 64
 
 
 #: Callbacks ``fn(s, alpha [m, g, s])`` called with the gate of every boundary a causal call reads (``m``: the
@@ -73,8 +87,8 @@ def safe_log(weights: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class GateBias:
-    """The log-gate bias ``[b, g, q, kv]`` of a causal layer, kept factored (the fused readout reads it
-    block by block, only up to each block's last visible column).
+    """The log-gate bias ``[b, g, q, kv]`` of a causal layer, kept factored (the fused readout turns the
+    table into key columns and each row's slot into a one-hot: :mod:`sv_attention.ops.sv_gate.fused`).
 
     ``bias[b, g, r, j] = log_table[b, g, slot[b, r], key_position[b, j]]``.
 
@@ -176,12 +190,17 @@ def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, 
     """
     b, g, kv, d = key.shape
     q = visible.shape[1]
+    if q == 1 and keep_state and detach and state is not None and state.decode is not None:
+        fast = _decode_step(key, visible, settings, state, valid, base)
+        if fast is not None:
+            return fast
     sched = GateSchedule.from_visible(visible, settings, valid=valid, base=base)
     state = _usable_state(state, key, sched, q) if keep_state else None
     if not bool(sched.gated.any()):
         if keep_state:
             state = state or GateState.new(key)
             state.record(key, None)
+            _leave_decode_cache(state, sched, None, settings, key.dtype, windowed=False)
         return Gate(bias=None, sigma=None, alphas={}, state=state)
     P = int(sched.lengths.max())
     dt = key.dtype
@@ -274,7 +293,192 @@ def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, 
         hit = sched.windowed & (sched.start == a) & (sched.boundary == s)
         slot = torch.where(hit, torch.full_like(slot, S + j), slot)
     bias = GateBias(log_table=safe_log(table), slot=slot, key_position=sched.local_position().clamp_min(0))
+    if keep_state:
+        _leave_decode_cache(state, sched, bias.key_position, settings, dt, windowed=bool(windows))
     return Gate(bias=bias, sigma=sig, alphas=dict(zip(bounds, alphas)), state=state)
+
+
+def _settings_key(settings: SVSettings, dtype: torch.dtype) -> tuple:
+    """What a :class:`DecodeCache` depends on besides the state: ``(chunk, warmup, gate_floor, sigma, dtype)``."""
+    return settings.chunk, settings.warmup, settings.gate_floor, settings.sigma, dtype
+
+
+def _leave_decode_cache(state: GateState, sched: GateSchedule, key_position: torch.Tensor | None,
+                        settings: SVSettings, dtype: torch.dtype, windowed: bool) -> None:
+    """Set ``state.decode`` after a call of the general path: a fresh :class:`DecodeCache`, or None where no
+    decode step can take the fast path (fast path off, windowed queries, keys dropped by a rolling cache).
+
+    Parameters
+    ----------
+    state : GateState  the state after the call
+    sched : GateSchedule  the call's schedule
+    key_position : long Tensor ``[b, kv]`` or None  the call's log-bias key positions (None: computed here)
+    settings : SVSettings; dtype : the gate's dtype
+    windowed : bool  some query of the call read a window-rule gate
+    """
+    state.decode = None
+    if not DECODE_FAST_PATH or windowed or (sched.base is not None and bool(sched.base.any())):
+        return
+    if key_position is None:
+        key_position = sched.local_position().clamp_min(0)
+    state.decode = DecodeCache.build(settings, _settings_key(settings, dtype), sched.valid, key_position,
+                                     sched.lengths, state, max(DECODE_HEADROOM, 1))
+
+
+def _decode_step(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, state: GateState,
+                 valid: torch.Tensor | None, base: torch.Tensor | None) -> Gate | None:
+    """The decode fast path: the gate of a one-query call from ``state.decode``, or None (the state unchanged)
+    when the call needs the general path (:func:`_decode_plan`).
+
+    Parameters
+    ----------
+    key : Tensor ``[b, g, kv, d]``; visible : bool Tensor ``[b, 1, kv]``
+    settings : SVSettings; state : GateState (with ``decode``)
+    valid : bool Tensor ``[b, kv]`` or None; base : long Tensor ``[b]`` or None  (see :func:`causal_gate`)
+
+    Returns
+    -------
+    Gate or None  (as the general path's: ``bias`` None when no sequence is gated)
+    """
+    plan = _decode_plan(key, visible, settings, state, valid, base)
+    if plan is None:
+        return None
+    boundary, read, fingerprint = plan
+    cache = state.decode
+    b, g, kv, _ = key.shape
+    count("decode_fast_path")
+    kept = cache.lengths  # valid keys before the new column = each query's position
+    _forget_cropped(state, cache, kept, settings.chunk)
+    lengths = [n + 1 for n in kept]
+    if all(s < 0 for s in read):
+        state.record(key, None, fingerprint)
+        cache.advance(kv, lengths)
+        return Gate(bias=None, sigma=None, alphas={}, state=state)
+    if settings.sigma is None:
+        sig = state.sigma
+    else:
+        if cache.sigma_const is None:
+            cache.sigma_const = torch.full((b, g), settings.sigma, dtype=key.dtype, device=key.device)
+        sig = cache.sigma_const
+    count("reused", sum(s >= 0 for s in read))
+    P = max(lengths)
+    table = cache.table
+    if table is None or table.read != tuple(read) or table.log_table.shape[-1] < P:
+        table = cache.table = _decode_table(state, tuple(read), settings.gate_floor, P + max(DECODE_HEADROOM, 1))
+    bias = GateBias(log_table=table.log_table[..., :P], slot=table.slot, key_position=cache.key_position[:, :kv])
+    state.record(key, sig, fingerprint)
+    oldest = min(boundary)  # later queries only read this boundary or later ones
+    for s_old in [s_ for s_ in state.gates if s_ < oldest]:
+        del state.gates[s_old], state.done[s_old]
+        cache.done.pop(s_old, None)
+    cache.advance(kv, lengths)
+    return Gate(bias=bias, sigma=sig, alphas=dict(table.alphas), state=state)
+
+
+def _decode_plan(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, state: GateState,
+                 valid: torch.Tensor | None, base: torch.Tensor | None
+                 ) -> tuple[list[int], list[int], torch.Tensor] | None:
+    """Whether a one-query call can take the decode fast path, and its schedule.
+
+    It can when the cache was built for these settings and dtype, the call adds exactly one key column, valid and
+    visible in every sequence, to the previous call's columns (unchanged: validity and fingerprint), every query
+    sees all valid keys of its sequence (``a = 0``, nothing dropped by a rolling cache) and every gated query's
+    gate and bandwidth are in the state: no fit, and the general path's result. Host syncs: the two
+    ``torch.equal`` (validity, fingerprint), two more for a sliding-window layer (``valid``, ``base``).
+
+    Returns
+    -------
+    ``(boundary, read, fingerprint)``: :func:`~sv_attention.ops.sv_gate.schedule.decode_boundaries` (``[b]``
+    each) and the key's :func:`~sv_attention.ops.sv_gate.state.key_fingerprint` ``[b, g, kv]`` (read once: the
+    check and the new state's); or None
+    """
+    cache = state.decode
+    if not DECODE_FAST_PATH or _OBSERVERS:
+        return None
+    b, _, kv, _ = key.shape
+    dt = key.dtype
+    if cache.n != kv - 1 or kv < 2 or state.fingerprint.shape[-1] != kv - 1 or cache.valid.shape[0] != b:
+        return None
+    if cache.settings is not settings:
+        if cache.settings_key != _settings_key(settings, dt):
+            return None
+        cache.settings = settings
+    elif cache.settings_key[-1] != dt:
+        return None
+    vis = visible[:, 0]
+    if valid is not None and not torch.equal(valid, vis):
+        return None  # keys out of the window: the window rule
+    if base is not None and bool(base.any()):
+        return None
+    if kv > cache.valid.shape[1]:
+        cache.grow(kv + max(DECODE_HEADROOM, 1))
+    if not torch.equal(vis, cache.valid[:, :kv]):
+        return None
+    fingerprint = key_fingerprint(key)
+    if not torch.equal(state.fingerprint, fingerprint[..., :kv - 1]):  # GateState.matches(key, 1)
+        return None
+    chunk, warmup = cache.settings_key[:2]
+    boundary, read = decode_boundaries(cache.lengths, chunk, warmup)
+    if not _gates_ready(state, cache, read, settings, dt):
+        return None
+    return boundary, read, fingerprint
+
+
+def _gates_ready(state: GateState, cache: DecodeCache, read: list[int], settings: SVSettings,
+                 dtype: torch.dtype) -> bool:
+    """Whether every gated sequence's gate (boundary ``read[i]``) and bandwidth are in the state, in ``dtype``."""
+    for i, s in enumerate(read):
+        if s < 0:
+            continue
+        flags = cache.done.get(s)
+        gate = state.gates.get(s)
+        if flags is None or gate is None or not flags[i] or gate.dtype != dtype:
+            return False
+        if settings.sigma is None and (not cache.sigma_known[i] or state.sigma.dtype != dtype):
+            return False
+    return True
+
+
+def _forget_cropped(state: GateState, cache: DecodeCache, kept: list[int], chunk: int) -> None:
+    """What :func:`_usable_state` does to a matching state, from the kept counts ``kept [b]`` (Python): gates whose
+    prefix is longer than the kept keys are not done, nor a bandwidth of fewer than ``chunk`` keys, and the exact
+    solvers restart when keys they ingested are gone. (A plain decode step changes nothing here.)"""
+    dev = state.sigma.device
+    for s, flags in cache.done.items():
+        if any(f and n < s for f, n in zip(flags, kept)):
+            keep = [n >= s for n in kept]
+            state.done[s] = state.done[s] & torch.tensor(keep, device=dev)
+            cache.done[s] = [f and k for f, k in zip(flags, keep)]
+    if any(n < chunk for n in kept):
+        long_enough = [n >= chunk for n in kept]
+        state.sigma = torch.where(torch.tensor(long_enough, device=dev)[:, None], state.sigma,
+                                  torch.full_like(state.sigma, float("nan")))
+        cache.sigma_known = [k and e for k, e in zip(cache.sigma_known, long_enough)]
+    if state.exact is not None and state.exact_ingested is not None \
+            and any(n < m for n, m in zip(kept, state.exact_ingested)):
+        state.exact, state.exact_ingested = None, None
+
+
+def _decode_table(state: GateState, read: tuple[int, ...], gate_floor: float, width: int) -> DecodeTable:
+    """The log-gate of a decode step (:class:`DecodeTable`), laid out as the general path lays it out: one slot
+    per distinct boundary read (ascending), then the ungated slot; ``width`` positions (>= the longest sequence).
+    So a readout sees the same factored bias (the fused one appends one column per gated slot)."""
+    gates = state.gates
+    bounds = sorted({s for s in read if s >= 0})
+    b, g, _ = gates[bounds[0]].shape
+    dt, dev = gates[bounds[0]].dtype, gates[bounds[0]].device
+    log_table = torch.zeros(b, g, len(bounds) + 1, width, dtype=dt, device=dev)  # log 1 = 0: ungated
+    alphas: dict[int, torch.Tensor] = {}
+    for i, s in enumerate(bounds):
+        reads = [r == s for r in read]
+        gate = gates[s]
+        alpha = gate if all(reads) else torch.where(torch.tensor(reads, device=dev)[:, None, None], gate,
+                                                    torch.zeros_like(gate))  # 0 where not read, as the general path
+        floored = alpha.clamp_min(gate_floor) if gate_floor > 0 else alpha
+        log_table[:, :, i, :s] = safe_log(floored)
+        alphas[s] = alpha
+    slot = torch.tensor([[bounds.index(r) if r >= 0 else len(bounds)] for r in read], dtype=torch.long, device=dev)
+    return DecodeTable(read=read, log_table=log_table, slot=slot, alphas=alphas)
 
 
 def _window_rows(key: torch.Tensor, sched: GateSchedule, windows: list[tuple[int, int]], kbp, P: int,
@@ -336,6 +540,9 @@ def _fit_batched(alphas: list[torch.Tensor], bounds: list[int], rows_of: list[to
     # fits DENSE_GRAM_MAX_BYTES (fastest: one big kernel); otherwise (a decoding step crossing one boundary,
     # long contexts) Gram rows on demand, kept across boundaries: the fits read only the margin / error rows.
     dense = len(todo) > 1 and b * g * n_all * n_all * keys.element_size() <= DENSE_GRAM_MAX_BYTES
+    # a sequence with no full-attention query here has no bandwidth (NaN) and nothing to fit: any positive value
+    # keeps the Gram kernel's check quiet (its rows are never read)
+    sig = torch.where(torch.isnan(sig), torch.ones_like(sig), sig)
     with torch.no_grad():
         if dense:
             with torch.profiler.record_function("sv.gram"):

@@ -37,7 +37,7 @@ import torch
 from .sv_kernels import median_bandwidth
 from .sv_ops_settings import SVSettings, warmup_size
 
-__all__ = ["GateSchedule", "bandwidth", "boundary_of", "is_gated", "warmup_size"]
+__all__ = ["GateSchedule", "bandwidth", "boundary_of", "decode_boundaries", "is_gated", "warmup_size"]
 
 
 def boundary_of(position: torch.Tensor | int, chunk: int) -> torch.Tensor | int:
@@ -52,6 +52,24 @@ def is_gated(boundary: torch.Tensor | int, chunk: int, warmup: int) -> torch.Ten
     """Whether boundary ``s`` holds a gate: past chunk 0 and out of warm-up (``s >= ceil(1/C) + 2``)."""
     return (boundary >= chunk) & (boundary >= warmup) if isinstance(boundary, torch.Tensor) else \
         (boundary >= chunk and boundary >= warmup)
+
+
+def decode_boundaries(positions: list[int], chunk: int, warmup: int) -> tuple[list[int], list[int]]:
+    """The schedule of a decode step in Python (no tensor, no host sync), for queries that see every earlier key
+    (``a = 0``) of their sequence: the same rule as :meth:`GateSchedule.from_visible`.
+
+    Parameters
+    ----------
+    positions : list[int]  ``[b]``  each sequence's query position (>= 0)
+    chunk, warmup : int
+
+    Returns
+    -------
+    boundary : list[int] ``[b]``  the boundary each query reads (:func:`boundary_of`)
+    read : list[int] ``[b]``  that boundary where it is gated (:func:`is_gated`), else -1
+    """
+    boundary = [boundary_of(t, chunk) for t in positions]
+    return boundary, [s if is_gated(s, chunk, warmup) else -1 for s in boundary]
 
 
 def bandwidth(keys_by_position: torch.Tensor, lengths: torch.Tensor, chunk: int | None) -> torch.Tensor:

@@ -77,8 +77,12 @@ def _c_column(C: torch.Tensor) -> torch.Tensor:
     return C[:, None]
 
 
-def gather_rows(mat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Rows ``mat[g, index[g, i], :]`` of a batch of matrices: ``mat [G, r, c]``, ``index [G, m]`` -> ``[G, m, c]``.
+def gather_rows(mat: torch.Tensor, index: torch.Tensor, problems: torch.Tensor | None = None, *,
+                checked: bool = True) -> torch.Tensor:
+    """Rows ``mat[g, index[g, i], :]`` of a batch of matrices: ``mat [G, r, c]``, ``index [G, m]`` -> ``[G, m, c]``
+    (with ``problems`` (long ``[G']``): rows ``mat[problems[k], index[k, i], :]``, ``index [G', m]`` -> ``[G', m, c]``,
+    without copying the selected matrices first). ``checked=False`` skips the range check of ``index`` (two
+    reductions and host reads; for callers whose indices come from a sort of ``range(r)``).
 
     Equal to ``mat.gather(1, index[..., None].expand(G, m, c))``. Without autograd, when the rows of all
     problems lie on one row grid of the storage (contiguous batches, and slices ``full[..., :s, :s]`` of a
@@ -86,18 +90,21 @@ def gather_rows(mat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     ``gather`` (the active-set polish copies the margin rows of ``K`` at every step).
     """
     G, r, c = mat.shape
-    m = index.shape[1]
+    Gi, m = index.shape
     sG, sR, sC = mat.stride()
     differentiable = torch.is_grad_enabled() and mat.requires_grad
-    if not differentiable and G > 0 and m > 0 and sC == 1 and sR >= c and sG > 0 and sG % sR == 0:
-        lo, hi = int(index.min()), int(index.max())
-        if lo < 0 or hi >= r:  # the grid would read another problem's row: refuse like gather does
-            raise IndexError(f"gather_rows: row index {lo if lo < 0 else hi} out of range for {r} rows")
+    if not differentiable and G > 0 and Gi > 0 and m > 0 and sC == 1 and sR >= c and sG > 0 and sG % sR == 0:
+        if checked:
+            lo, hi = int(index.min()), int(index.max())
+            if lo < 0 or hi >= r:  # the grid would read another problem's row: refuse like gather does
+                raise IndexError(f"gather_rows: row index {lo if lo < 0 else hi} out of range for {r} rows")
         per = sG // sR  # rows of the grid between two problems
         grid = mat.as_strided(((G - 1) * per + r, c), (sR, 1))
-        flat = (index + torch.arange(G, device=mat.device)[:, None] * per).reshape(-1)
-        return grid.index_select(0, flat).view(G, m, c)
-    return mat.gather(1, index[:, :, None].expand(G, m, c))
+        owner = torch.arange(G, device=mat.device) if problems is None else problems
+        flat = (index + owner[:, None] * per).reshape(-1)
+        return grid.index_select(0, flat).view(Gi, m, c)
+    sel = mat if problems is None else mat[problems]
+    return sel.gather(1, index[:, :, None].expand(Gi, m, c))
 
 
 def pack_members(members: torch.Tensor, min_width: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -117,10 +124,16 @@ def pack_members(members: torch.Tensor, min_width: int = 0) -> tuple[torch.Tenso
     return order, used, count
 
 
-def gram_rows_of(gram: Any, index: torch.Tensor) -> torch.Tensor:
-    """Rows ``K[g, index[g, i], :]`` of a dense Gram (:func:`gather_rows`) or of a lazy row provider with a
-    ``rows(index)`` method (:class:`sv_attention.svdd.gram_rows.LazyPrefix`)."""
-    return gather_rows(gram, index) if isinstance(gram, torch.Tensor) else gram.rows(index)
+def gram_rows_of(gram: Any, index: torch.Tensor, problems: torch.Tensor | None = None, *,
+                 checked: bool = True) -> torch.Tensor:
+    """Rows ``K[g, index[g, i], :]`` of a dense Gram (:func:`gather_rows`, of the ``problems`` when given) or
+    of a lazy row provider with a ``rows(index)`` method (:class:`sv_attention.svdd.gram_rows.LazyPrefix`;
+    all problems)."""
+    if isinstance(gram, torch.Tensor):
+        return gather_rows(gram, index, problems, checked=checked)
+    if problems is not None:
+        raise ValueError("a lazy Gram provider reads the rows of all its problems")
+    return gram.rows(index)
 
 
 def _gram_times_indicator(gram: Any, subset: torch.Tensor, subset_f: torch.Tensor) -> torch.Tensor:
