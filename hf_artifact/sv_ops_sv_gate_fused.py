@@ -109,17 +109,25 @@ def fused_gated_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
 def _one_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
              bias: GateBias | torch.Tensor, scaling: float) -> torch.Tensor:
-    """:func:`fused_gated_sdpa` for one query row: the bias row as SDPA's float mask (``[b, h, 1, kv]``)."""
-    b, h, _, _ = query.shape
-    g = key.shape[1]
-    row = bias.rows(0, 1, key.shape[2]) if isinstance(bias, GateBias) else bias  # [b, g, 1, kv]
-    mask = row.to(query.dtype).repeat_interleave(h // g, dim=1).masked_fill(~visible[:, None], float("-inf"))
-    empty = ~visible.any(-1)  # [b, 1]
-    if bool(empty.any()):  # such a row reads key 0 (finite everywhere) and is zeroed below
-        mask = torch.where(empty[:, None, :, None] & (torch.arange(key.shape[2], device=mask.device) == 0),
-                           torch.zeros_like(mask), mask)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=h != g)
-    return out * (~empty)[:, None, :, None].to(out.dtype)
+    """:func:`fused_gated_sdpa` for one query row: the ``r = h / g`` query heads of a kv-head become ``r`` rows
+    of one SDPA call per kv-head, so the bias row ``[b, g, 1, kv]`` is SDPA's float mask as it is (no copy per
+    query head, no GQA expansion of the keys)."""
+    b, h, _, d = query.shape
+    g, kv = key.shape[1], key.shape[2]
+    row = bias.rows(0, 1, kv) if isinstance(bias, GateBias) else bias  # [b, g, 1, kv]
+    row = row.to(query.dtype)
+    empty = None
+    if not bool(visible.all()):
+        row = row.masked_fill(~visible[:, None], float("-inf"))
+        empty = ~visible.any(-1)  # [b, 1]
+        if bool(empty.any()):  # such a row reads key 0 (finite everywhere) and is zeroed below
+            row = torch.where(empty[:, None, :, None] & (torch.arange(kv, device=row.device) == 0),
+                              torch.zeros_like(row), row)
+        else:
+            empty = None
+    out = F.scaled_dot_product_attention(query.reshape(b, g, h // g, d), key, value, attn_mask=row, scale=scaling)
+    out = out.reshape(b, h, 1, value.shape[-1])
+    return out if empty is None else out * (~empty)[:, None, :, None].to(out.dtype)
 
 
 def _causal(n: int, device: torch.device) -> torch.Tensor:

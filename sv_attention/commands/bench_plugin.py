@@ -31,10 +31,12 @@ IMPLEMENTATIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("ceq_a0.05", "ceq", {"path_weight": 0.05}),
     ("sv_attention", "sv_attention", {"nu": 0.3, "chunk": 64}),
 ]
+#: The speed targets (issue 17): label -> (implementation, which ratio, limit).
 TARGETS = {
     "ceq_a0 within 1.05x of sdpa (prefill and decode)": ("ceq_a0", "both", 1.05),
-    "ceq_a0.05 decode within 2x of sdpa": ("ceq_a0.05", "decode", 2.0),
-    "sv_attention prefill within 4x of sdpa at the longest context": ("sv_attention", "prefill_longest", 4.0),
+    "ceq_a0.05 decode within 1.5x of sdpa": ("ceq_a0.05", "decode", 1.5),
+    "sv_attention prefill within 2x of sdpa at the longest context": ("sv_attention", "prefill_longest", 2.0),
+    "sv_attention decode within 2x of sdpa at the longest context": ("sv_attention", "decode_longest", 2.0),
 }
 
 
@@ -159,6 +161,8 @@ def run_bench(contexts: list[int], new_tokens: int, hidden: int, layers: int, he
             worst = max(max(r["prefill_time_ratio_to_sdpa"], r["decode_time_ratio_to_sdpa"]) for r in sel)
         elif what == "decode":
             worst = max(r["decode_time_ratio_to_sdpa"] for r in sel)
+        elif what == "decode_longest":
+            worst = max(r["decode_time_ratio_to_sdpa"] for r in sel if r["context"] == longest)
         else:
             worst = max(r["prefill_time_ratio_to_sdpa"] for r in sel if r["context"] == longest)
         targets[label] = {"worst_time_ratio": worst, "limit": limit, "met": worst <= limit}
