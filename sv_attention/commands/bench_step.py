@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per arm first (default 1)")
     parser.add_argument("--backend", default="auto", choices=("auto", "torch", "mlx"),
                         help="batched finder backend (default auto)")
-    parser.add_argument("--no-profile", action="store_true", help="skip the profiled step")
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiled steps (one per size)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--no-demo-row", action="store_true",
                         help="skip the second row: the `make demo` model (2 layers, d_model 128, block 128, chunk 32)")
@@ -149,8 +149,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     first = _measure_one(args)
     rows = [{"name": "published 3.22M" if _is_published(args) else "flags", **_row(first)}]
     if not args.no_demo_row:
-        demo = argparse.Namespace(**{**vars(args), **{k.replace("-", "_"): v for k, v in DEMO_CONFIG.items()},
-                                     "no_profile": True})
+        demo = argparse.Namespace(**{**vars(args), **{k.replace("-", "_"): v for k, v in DEMO_CONFIG.items()}})
         rows.append({"name": "make demo", **_row(_measure_one(demo))})
     if not args.no_checkpoint_row:
         trained = _measure_checkpoint(args)
@@ -231,7 +230,7 @@ def _is_published(args: argparse.Namespace) -> bool:
 
 def _row(res: dict[str, Any]) -> dict[str, Any]:
     return {"config": res["config"], "step_s": res["step_s"], "ratio_sv_over_sdpa": res["ratio_sv_over_sdpa"],
-            "gate_stats_timed_steps": res["gate_stats_timed_steps"]}
+            "gate_stats_timed_steps": res["gate_stats_timed_steps"], "profile_sv_step": res["profile_sv_step"]}
 
 
 def _measure_one(args: argparse.Namespace) -> dict[str, Any]:

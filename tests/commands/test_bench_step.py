@@ -35,6 +35,8 @@ def test_bench_step_smallest_setting(tmp_path, capsys):
     assert {k: demo["config"][k] for k in ("layers", "d_model", "heads", "block", "chunk")} == \
         {"layers": 2, "d_model": 128, "heads": 4, "block": 128, "chunk": 32}
     assert abs(demo["ratio_sv_over_sdpa"] - demo["step_s"]["sv"] / demo["step_s"]["sdpa"]) < 1e-12
+    demo_profile = {r["label"]: r["ms"] for r in demo["profile_sv_step"]}  # profiled at both sizes
+    assert demo_profile["sv.gate"] > 0 and demo_profile["total (profiled step)"] >= demo_profile["sv.gate"]
     # the third row: the published checkpoint's trained weights on text, SV vs the same weights with softmax
     assert trained["name"] == "published checkpoint (trained weights, text)" and trained["target_ratio"] is None
     assert trained["config"]["checkpoint"] == "hf_artifact" and trained["config"]["batch"] == 2
