@@ -34,12 +34,16 @@ torch.compile: the gate fit is data-dependent (boundaries, active sets, the deco
 ``"sv_attention"`` layer call always runs eagerly. Traced without autograd (``torch.no_grad()``,
 ``generate()``) it is one opaque custom operator, ``torch.ops.sv_attention.layer_call``: a node of the graph,
 not a graph break, so the model compiles to one graph (``fullgraph=True`` works) and computes exactly what it
-computes eagerly, decoding state included. Traced with autograd it runs behind one
-``torch.compiler.disable`` boundary (:func:`compiled_call`). ``"ceq"`` traces to one graph as it is.
+computes eagerly, decoding state included. Traced with autograd (training) it is the custom operator
+``torch.ops.sv_attention.trainable_layer_call``, whose backward formula recomputes only the readout on the gate
+the forward used (the gate is a constant: ``detach_gate``), so training compiles without a graph break either;
+what the formula does not cover (``detach_gate=False``, dropout, ``output_attentions``, half precision) runs
+behind one ``torch.compiler.disable`` boundary (:func:`compiled_call`). ``"ceq"`` traces to one graph as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import weakref
 from dataclasses import dataclass
@@ -61,7 +65,7 @@ from sv_attention.hf.settings import (
 from sv_attention.ops.masking import to_bool_mask
 from sv_attention.ops.sv_gate import GateState, check_gqa, sv_gate_attention
 from sv_attention.ops.sv_gate.fit import count, warn_once
-from sv_attention.ops.sv_gate.gate import Gate
+from sv_attention.ops.sv_gate.gate import Gate, GateBias
 from sv_attention.ops.sv_gate.readout import grouped_attention
 from sv_attention.ops.sv_gate.state import key_fingerprint
 
@@ -288,7 +292,8 @@ def sv_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     Eagerly this is :func:`sv_attention_eager`. Under ``torch.compile`` (:mod:`torch._dynamo` tracing) a call
     that needs no autograd graph is one opaque operator (:func:`compiled_call`): the whole layer call, the gate
     fit included, runs eagerly inside it, so a model traces to one graph without a break; a call that needs
-    gradients runs :func:`sv_attention_eager` behind one ``torch.compiler.disable`` boundary.
+    gradients is one operator with a backward formula, or (``detach_gate=False``, dropout, weights, half
+    precision) runs :func:`sv_attention_eager` behind one ``torch.compiler.disable`` boundary.
     """
     if torch.compiler.is_compiling():
         return compiled_call(module, query, key, value, attention_mask, dropout, scaling, kwargs)
@@ -299,6 +304,30 @@ def sv_attention_eager(module: torch.nn.Module, query: torch.Tensor, key: torch.
                        attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                        **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The eager body of :func:`sv_attention_forward` (same arguments and result)."""
+    out, weights, _ = _eager_call(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    return out, weights
+
+
+@dataclass
+class Readout:
+    """How a layer call read its values (:func:`_eager_call`), for the compiled training path's backward.
+
+    Attributes
+    ----------
+    visible : bool Tensor ``[b, q, kv]``  the visibility the readout used
+    bias : GateBias, Tensor ``[b, g, 1, kv]`` or None  the gate's log-bias (None: no gate)
+    handoff : bool  the bias came from a certified cache's gate handoff (not representable as key columns)
+    """
+
+    visible: torch.Tensor
+    bias: Any
+    handoff: bool = False
+
+
+def _eager_call(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None, Readout]:
+    """:func:`sv_attention_eager`, also returning how the values were read (:class:`Readout`)."""
     settings: SVSettings = module_settings(module, SV_NAME)  # type: ignore[assignment]
     ensure_compatible(module, SV_NAME, settings)
     _refuse_unsupported(SV_NAME, module, kwargs)
@@ -320,7 +349,8 @@ def sv_attention_eager(module: torch.nn.Module, query: torch.Tensor, key: torch.
     if handoff is not None:
         bias, visible = _handoff_bias(handoff, visible, causal, b, g, q_len, kv_len)
         out, weights = grouped_attention(query, key, value, visible, bias, sc, float(dropout))
-        return out.transpose(1, 2).contiguous(), (weights if output_attentions else None)
+        return out.transpose(1, 2).contiguous(), (weights if output_attentions else None), \
+            Readout(visible, bias, handoff=True)
     window = _sliding_window(module, kwargs)
     if window is not None and settings.gated:
         if settings.sliding_window == "refuse":
@@ -347,7 +377,8 @@ def sv_attention_eager(module: torch.nn.Module, query: torch.Tensor, key: torch.
         module.__dict__[STATE_ATTR] = result.state
     elif keep_state and settings.gated and result.gate is not None and fitted is None:
         module.__dict__[STATE_ATTR] = FixedKeysGate(key_fingerprint(key), visible.any(1), settings, result.gate)
-    return result.out.transpose(1, 2).contiguous(), result.weights
+    return result.out.transpose(1, 2).contiguous(), result.weights, \
+        Readout(visible, None if result.gate is None else result.gate.bias)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -381,6 +412,27 @@ def remember_module(module: torch.nn.Module) -> int:
     return number
 
 
+def _traced_module(module_number: int) -> torch.nn.Module:
+    module = _TRACED_MODULES.get(module_number)
+    if module is None:
+        raise InvalidInputError(
+            "a compiled sv_attention graph called an attention module that no longer exists; call "
+            "torch._dynamo.reset() (or compile the model again) after replacing its modules")
+    return module
+
+
+def _call_kwargs(use_cache: bool, is_causal: bool | None, has_window: bool, sliding_window: int | None,
+                 indices: torch.Tensor | None) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"use_cache": use_cache}
+    if is_causal is not None:
+        kwargs["is_causal"] = is_causal
+    if has_window:
+        kwargs["sliding_window"] = sliding_window
+    if indices is not None:
+        kwargs["indices"] = indices
+    return kwargs
+
+
 @torch.library.custom_op("sv_attention::layer_call", mutates_args=(), schema=_LAYER_CALL_SCHEMA)
 def _layer_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
                 indices: torch.Tensor | None, module_number: int, dropout: float, scaling: float | None,
@@ -393,18 +445,9 @@ def _layer_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, att
     out : Tensor ``[b, q_len, h, dv]``
     weights : Tensor ``[b, h, q_len, kv_len]`` with ``output_attentions``, else an empty tensor
     """
-    module = _TRACED_MODULES.get(module_number)
-    if module is None:
-        raise InvalidInputError(
-            "a compiled sv_attention graph called an attention module that no longer exists; call "
-            "torch._dynamo.reset() (or compile the model again) after replacing its modules")
-    kwargs: dict[str, Any] = {"use_cache": use_cache, "output_attentions": output_attentions}
-    if is_causal is not None:
-        kwargs["is_causal"] = is_causal
-    if has_window:
-        kwargs["sliding_window"] = sliding_window
-    if indices is not None:
-        kwargs["indices"] = indices
+    module = _traced_module(module_number)
+    kwargs = _call_kwargs(use_cache, is_causal, has_window, sliding_window, indices)
+    kwargs["output_attentions"] = output_attentions
     out, weights = sv_attention_eager(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     return out, (weights if weights is not None else query.new_empty(0))
 
@@ -418,17 +461,224 @@ def _layer_call_fake(query, key, value, attention_mask, indices, module_number, 
     return out, weights
 
 
-#: :func:`sv_attention_eager` behind one ``torch.compiler.disable`` boundary (calls that need gradients).
+# ------------------------------------------------------------------------------------------------------------
+# sv_attention under torch.compile with autograd: the layer call as one operator with a backward formula
+# ------------------------------------------------------------------------------------------------------------
+#: Schema of :func:`_trainable_call` (a layer call without dropout or weights: what the formula covers).
+_TRAINABLE_CALL_SCHEMA = ("(Tensor query, Tensor key, Tensor value, Tensor? attention_mask, Tensor? indices, "
+                          "int module_number, float? scaling, bool use_cache, bool? is_causal, bool has_window, "
+                          "int? sliding_window, int slot_bound) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+#: Schema of :func:`_readout_grads` (the backward of :func:`_trainable_call`).
+_READOUT_GRADS_SCHEMA = ("(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor cols, Tensor onehot, "
+                         "Tensor visible, Tensor slots, Tensor? attention_mask, Tensor? indices, int module_number, "
+                         "float? scaling, bool? is_causal, bool has_window, int? sliding_window) "
+                         "-> (Tensor, Tensor, Tensor)")
+#: ``slots`` codes of :func:`_trainable_call` besides a column count: no gate (plain softmax readout), and a
+#: gate with more slots than the static bound (the backward recomputes the layer call).
+_NO_GATE, _RECOMPUTE = -1, -2
+
+
+@_assume_constant
+def _formula_settings(module: torch.nn.Module) -> tuple[bool, bool, int]:
+    """``(detach_gate, gated, chunk)`` of the module's settings when traced (a constant of the graph; the
+    operator checks at run time that the gate still fits what the trace assumed). ``(False, False, 1)`` when
+    the settings do not resolve (the eager boundary then raises the error)."""
+    try:
+        settings: SVSettings = module_settings(module, SV_NAME)  # type: ignore[assignment]
+    except Exception:  # noqa: BLE001 -- the eager call raises it, with its message
+        return False, False, 1
+    return bool(settings.detach_gate), bool(settings.gated), int(settings.chunk)
+
+
+def _slot_bound(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, dropout: Any,
+                kwargs: dict[str, Any]) -> int | None:
+    """The static number of gate slots :func:`_trainable_call` returns for this call, or None when the backward
+    formula does not cover the call (it then runs :func:`eager_boundary`).
+
+    The formula covers a call whose output depends on query, key and value only through the readout
+    ``softmax(scale q k^T + bias)`` with a constant bias: a detached gate (``detach_gate=True``), no dropout,
+    no weights asked for, fp32 / fp64. Slots: 0 without a gate, 1 for a non-causal gate; a causal gate has
+    one per chunk boundary read, ``<= (kv - 1) // chunk`` (key positions are below ``kv``), and one per
+    window-rule gate (sliding windows, packed documents), which the bound does not count: such a call
+    returns no columns and its backward recomputes the layer call (training: no decoding state, the same
+    deterministic gate). A call keeping decoding state (not training, ``use_cache``) may reuse gates of
+    its state: its bound is ``b * q`` (each slot is read by some query row), so it never recomputes.
+    """
+    if kwargs.get("output_attentions") or float(dropout) != 0.0 \
+            or query.dtype not in (torch.float32, torch.float64) or key.dtype != query.dtype:
+        return None
+    detach_gate, gated, chunk = _formula_settings(module)
+    if not detach_gate:
+        return None
+    if not gated:
+        return 0
+    if not _is_causal(module, kwargs):
+        return 1
+    b, q, kv = query.shape[0], query.shape[2], key.shape[2]
+    if bool(kwargs.get("use_cache", True)) and not module.training:
+        return b * q
+    return min(b * q, max(kv - 1, 0) // chunk)
+
+
+@torch.library.custom_op("sv_attention::trainable_layer_call", mutates_args=(), schema=_TRAINABLE_CALL_SCHEMA)
+def _trainable_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, indices: torch.Tensor | None, module_number: int,
+                    scaling: float | None, use_cache: bool, is_causal: bool | None, has_window: bool,
+                    sliding_window: int | None, slot_bound: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One eager layer call (no dropout, no weights) of the module numbered ``module_number``, with what its
+    backward needs to recompute the readout without the gate fit (see :func:`compiled_call`).
+
+    Returns
+    -------
+    out : Tensor ``[b, q_len, h, dv]``
+    cols : Tensor ``[b, g, kv, slot_bound]``  the gate's key columns (:func:`~sv_attention.ops.sv_gate.fused.gate_columns`),
+        zero past the used slots
+    onehot : Tensor ``[b, q_len, slot_bound]``  each query row's slot, zero past the used slots
+    visible : bool Tensor ``[b, q_len, kv]``  the visibility the readout used
+    slots : long scalar Tensor (CPU)  the used slots; ``-1``: no gate (plain softmax readout); ``-2``: more
+        slots than ``slot_bound`` (the backward recomputes the call)
+    """
+    from sv_attention.ops.sv_gate.fused import gate_columns
+
+    module = _traced_module(module_number)
+    kwargs = _call_kwargs(use_cache, is_causal, has_window, sliding_window, indices)
+    out, _, readout = _eager_call(module, query, key, value, attention_mask, 0.0, scaling, **kwargs)
+    b, _, q, _ = query.shape
+    g, kv = key.shape[1], key.shape[2]
+    if readout.handoff:
+        raise UnsupportedFeatureError(
+            f"{module_label(module)}: a gate handed off by a certified cache cannot be differentiated under "
+            "torch.compile; run this call eagerly or without gradients")
+    settings: SVSettings = module_settings(module, SV_NAME)  # type: ignore[assignment]
+    if not settings.detach_gate:
+        raise InvalidInputError(
+            f"{module_label(module)}: the sv_attention settings changed to detach_gate=False after the model was "
+            "compiled; call torch._dynamo.reset() (or compile the model again)")
+    cols = query.new_zeros(b, g, kv, slot_bound)
+    onehot = query.new_zeros(b, q, slot_bound)
+    n = _NO_GATE
+    if readout.bias is not None:
+        c, o = gate_columns(readout.bias, b, g, q, kv, query.dtype)
+        n = c.shape[-1]
+        if n <= slot_bound:
+            cols[..., :n] = c
+            onehot[..., :n] = o
+        else:
+            n = _RECOMPUTE
+    visible = readout.visible.clone(memory_format=torch.contiguous_format)
+    return out, cols, onehot, visible, torch.tensor(n, dtype=torch.long)
+
+
+@_trainable_call.register_fake
+def _trainable_call_fake(query, key, value, attention_mask, indices, module_number, scaling, use_cache, is_causal,
+                         has_window, sliding_window, slot_bound):
+    b, h, q, _ = query.shape
+    g, kv = key.shape[1], key.shape[2]
+    return (query.new_empty(b, q, h, value.shape[-1]), query.new_empty(b, g, kv, slot_bound),
+            query.new_empty(b, q, slot_bound), query.new_empty(b, q, kv, dtype=torch.bool),
+            torch.empty((), dtype=torch.long))
+
+
+def _autograd_inside_operator() -> contextlib.AbstractContextManager[Any]:
+    """Autograd back on inside a custom operator's implementation (which the dispatcher runs below the
+    autograd keys): the thread's dispatch-key sets with the autograd keys no longer excluded, restored on exit."""
+    C = torch._C
+    if not all(hasattr(C, n) for n in ("_ForceDispatchKeyGuard", "_dispatch_tls_local_exclude_set",
+                                       "_dispatch_tls_local_include_set")):
+        return contextlib.nullcontext()
+    exclude = C._dispatch_tls_local_exclude_set()
+    for k in (C.DispatchKey.AutogradFunctionality, C.DispatchKey.AutogradOther, C.DispatchKey.AutogradNestedTensor):
+        exclude = exclude.remove(k)
+    return C._ForceDispatchKeyGuard(C._dispatch_tls_local_include_set(), exclude)
+
+
+def _columns_bias(cols: torch.Tensor, onehot: torch.Tensor) -> GateBias:
+    """The log-gate whose key columns and query one-hots
+    (:func:`~sv_attention.ops.sv_gate.fused.gate_columns`) are exactly ``cols [b, g, kv, T]`` and
+    ``onehot [b, q, T]``: a table of ``T`` slots over the key columns (plus the ungated slot ``T``), each key at
+    its own column, each row at its one-hot's slot. :func:`~sv_attention.ops.sv_gate.fused.fused_gated_sdpa` on it
+    runs the very computation of the call that produced the columns."""
+    b, g, kv, T = cols.shape
+    table = torch.cat([cols.transpose(2, 3), cols.new_zeros(b, g, 1, kv)], 2)  # [b, g, T + 1, kv]
+    slot = torch.where(onehot.bool().any(-1), onehot.argmax(-1), torch.full_like(onehot[..., 0], T, dtype=torch.long))
+    position = torch.arange(kv, device=cols.device).expand(b, kv)
+    return GateBias(log_table=table, slot=slot, key_position=position)
+
+
+@torch.library.custom_op("sv_attention::readout_grads", mutates_args=(), schema=_READOUT_GRADS_SCHEMA)
+def _readout_grads(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   cols: torch.Tensor, onehot: torch.Tensor, visible: torch.Tensor, slots: torch.Tensor,
+                   attention_mask: torch.Tensor | None, indices: torch.Tensor | None, module_number: int,
+                   scaling: float | None, is_causal: bool | None, has_window: bool, sliding_window: int | None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of :func:`_trainable_call`'s output with respect to query, key and value: the readout the
+    call ran (the fused gated SDPA on the kept key columns, or the plain softmax readout without a gate)
+    recomputed with autograd, the gate a constant (``detach_gate``); a call whose gate had more slots than
+    its bound is recomputed whole (``use_cache=False``: no decoding state is read or written)."""
+    from sv_attention.ops.sv_gate.fused import fused_gated_sdpa
+
+    n = int(slots)
+    q, d = query.shape[2], query.shape[3]
+    sc = float(scaling) if scaling is not None else d ** -0.5
+    if q == 0:
+        return torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
+    with _autograd_inside_operator(), torch.enable_grad():
+        qg, kg, vg = (t.detach().requires_grad_() for t in (query, key, value))
+        if n == _RECOMPUTE:
+            module = _traced_module(module_number)
+            kwargs = _call_kwargs(False, is_causal, has_window, sliding_window, indices)
+            out, _, readout = _eager_call(module, qg, kg, vg, attention_mask, 0.0, scaling, **kwargs)
+            if readout.handoff:  # a gate deposited for this layer's next call, taken here: not this call's gate
+                raise UnsupportedFeatureError(
+                    f"{module_label(module)}: a certified cache handed off a gate while a compiled backward "
+                    "recomputed this layer call; run the backward before the next cached call")
+        else:
+            if n == _NO_GATE:
+                out = grouped_attention(qg, kg, vg, visible, None, sc, 0.0)[0]
+            else:
+                out = fused_gated_sdpa(qg, kg, vg, visible, _columns_bias(cols[..., :n], onehot[..., :n]), sc)
+            out = out.transpose(1, 2).contiguous()
+        grads = torch.autograd.grad(out, (qg, kg, vg), grad_out, allow_unused=True)
+    # laid out like the inputs, as the fake implementation says (a compiler checks the strides)
+    return tuple(torch.zeros_like(t) if gr is None else torch.empty_like(t).copy_(gr)
+                 for gr, t in zip(grads, (query, key, value)))
+
+
+@_readout_grads.register_fake
+def _readout_grads_fake(grad_out, query, key, value, cols, onehot, visible, slots, attention_mask, indices,
+                        module_number, scaling, is_causal, has_window, sliding_window):
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+def _trainable_setup(ctx, inputs, output) -> None:
+    query, key, value, attention_mask, indices, module_number, scaling, _, is_causal, has_window, sliding_window, \
+        _ = inputs
+    _, cols, onehot, visible, slots = output
+    ctx.save_for_backward(query, key, value, cols, onehot, visible, slots, attention_mask, indices)
+    ctx.call = (module_number, scaling, is_causal, has_window, sliding_window)
+    ctx.mark_non_differentiable(cols, onehot, visible, slots)
+
+
+def _trainable_backward(ctx, grad_out, *_):
+    query, key, value, cols, onehot, visible, slots, attention_mask, indices = ctx.saved_tensors
+    dq, dk, dv = torch.ops.sv_attention.readout_grads(grad_out, query, key, value, cols, onehot, visible, slots,
+                                                      attention_mask, indices, *ctx.call)
+    return (dq, dk, dv) + (None,) * 9
+
+
+_trainable_call.register_autograd(_trainable_backward, setup_context=_trainable_setup)
+
+
+#: :func:`sv_attention_eager` behind one ``torch.compiler.disable`` boundary (calls that need gradients the
+#: backward formula of :func:`_trainable_call` does not cover).
 eager_boundary = torch.compiler.disable(sv_attention_eager)
 
 
 def _operator_ready(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, dropout: Any,
                     scaling: Any, kwargs: dict[str, Any]) -> bool:
-    """Whether a traced call can be the opaque operator: no autograd graph is needed, every argument the
-    eager body reads has a type the operator carries, and no refused argument is passed (the eager body
-    then raises)."""
-    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
-        return False
+    """Whether a traced call can be one of the opaque operators: every argument the eager body reads has a
+    type the operators carry, and no refused argument is passed (the eager body then raises)."""
     if any(kwargs.get(k) is not None for k in _UNSUPPORTED):
         return False
     window = kwargs.get("sliding_window")
@@ -448,8 +698,12 @@ def compiled_call(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
     layer call runs eagerly either way. Without autograd it is the custom operator
     ``torch.ops.sv_attention.layer_call``: opaque to the tracer, it is a node of the graph, not a graph
     break, and its output shapes follow from the inputs. The module travels as a number
-    (:func:`remember_module`, a constant of the graph; the trace guards on the module's identity). A call that needs gradients (or
-    carries an argument the operator does not) runs :func:`eager_boundary` instead: one graph break.
+    (:func:`remember_module`, a constant of the graph; the trace guards on the module's identity). A call that
+    needs gradients is the operator ``torch.ops.sv_attention.trainable_layer_call`` (:func:`_trainable_call`):
+    the same eager call, which also returns the gate as padded key columns and one-hots and the visibility, and
+    whose backward (:func:`_readout_grads`, opaque too) recomputes the readout on them with autograd; no
+    graph break either. A call the formula does not cover (:func:`_slot_bound`) or that carries an argument
+    the operators do not runs :func:`eager_boundary` instead: one graph break.
 
     Returns
     -------
@@ -457,8 +711,18 @@ def compiled_call(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
     """
     if not _operator_ready(query, key, value, attention_mask, dropout, scaling, kwargs):
         return eager_boundary(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    slot_bound = _slot_bound(module, query, key, dropout, kwargs) if grad else None
+    if grad and slot_bound is None:
+        return eager_boundary(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     id(module)  # traced: guards the graph on this very module (the number below is a constant without a guard)
     number = remember_module(module)
+    if grad:
+        out = _trainable_call(
+            query, key, value, attention_mask, kwargs.get("indices"), number,
+            None if scaling is None else float(scaling), bool(kwargs.get("use_cache", True)), kwargs.get("is_causal"),
+            "sliding_window" in kwargs, kwargs.get("sliding_window"), slot_bound)[0]
+        return out, None
     output_attentions = bool(kwargs.get("output_attentions"))
     out, weights = _layer_call(
         query, key, value, attention_mask, kwargs.get("indices"), number, float(dropout),

@@ -128,5 +128,15 @@ def _one_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visibl
     return out if empty is None else out * (~empty)[:, None, :, None].to(out.dtype)
 
 
+_CAUSAL: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
 def _causal(n: int, device: torch.device) -> torch.Tensor:
-    return torch.ones(n, n, dtype=torch.bool, device=device).tril()[None]
+    """The ``[1, n, n]`` lower-triangular visibility (kept: a prefill compares against it in every layer)."""
+    key = (n, device)
+    t = _CAUSAL.get(key)
+    if t is None:
+        if len(_CAUSAL) > 16:
+            _CAUSAL.clear()
+        t = _CAUSAL[key] = torch.ones(n, n, dtype=torch.bool, device=device).tril()[None]
+    return t
