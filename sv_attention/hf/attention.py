@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from sv_attention.errors import InvalidInputError, MaskError, UnsupportedFeatureError
 from sv_attention.hf.compat import ensure_compatible, module_label
@@ -62,6 +63,7 @@ from sv_attention.hf.settings import (
     module_settings,
     twin_operator,
 )
+from sv_attention.ops.ceq import HopState, ceq_layer_attention, ceq_matrix
 from sv_attention.ops.masking import to_bool_mask
 from sv_attention.ops.sv_gate import GateState, check_gqa, sv_gate_attention
 from sv_attention.ops.sv_gate.fit import count, warn_once
@@ -737,7 +739,8 @@ def compiled_call(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
 def _path_weight(module: torch.nn.Module, settings: CeqSettings) -> float | torch.Tensor:
     """The hop weight ``alpha``: the module's own learned ``ceq_alpha`` when the module belongs to an sv_lm
     model whose operator is ceq (the plug-in then computes what the model computes), else the setting."""
-    own = getattr(module, "ceq_alpha", None)
+    params = getattr(module, "_parameters", None)  # (a dict lookup: getattr on a Module falls back slowly)
+    own = params.get("ceq_alpha") if isinstance(params, dict) else getattr(module, "ceq_alpha", None)
     if isinstance(own, torch.Tensor) and twin_operator(getattr(module, "config", None), CEQ_NAME) == "ceq":
         return own
     return settings.path_weight
@@ -776,10 +779,6 @@ def ceq_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     HopCacheError
         A decode step whose hop history is unknown (see :func:`reset_state`).
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    from sv_attention.ops.ceq import HopState, ceq_layer_attention, ceq_matrix
-
     settings: CeqSettings = module_settings(module, CEQ_NAME)  # type: ignore[assignment]
     ensure_compatible(module, CEQ_NAME, settings)
     _refuse_unsupported(CEQ_NAME, module, kwargs)
