@@ -6,11 +6,14 @@ its partition (margin ``S``: ``0 < alpha < C``, error ``E``: ``alpha = C``, rese
 is usually a few moves away from the earlier one. Starting the primal-dual active-set iteration
 (:func:`active_set_fit`: one exact bordered solve on the margin block plus one pass over the margin rows
 of ``K`` per step; the move rule of :func:`sv_attention.svdd.polish.active_set_polish`) from the earlier
-partition, with the new keys in ``R``, settles a chunk of new keys in 2-4 steps; no FISTA finder runs.
+partition, with the new keys in ``R``, settles a chunk of new keys in a few steps (2-4 on well-spread keys,
+up to a few dozen on the flat Grams of nearly collinear keys); no FISTA finder runs. Moving every violator
+at once can cycle on flat Grams; the iteration is safeguarded by block principal pivoting (see
+:func:`active_set_fit`).
 
 A partition is accepted only when it is a KKT point of the new problem within the polish tolerance
 (``converged`` and violation ``<= 10 tol``, the criterion of :func:`sv_attention.svdd.batched.solve_batched`'s
-``"ok"`` status). The primal-dual iteration can oscillate on clustered keys: such problems are *not*
+``"ok"`` status). Problems that do not settle within the step budget are *not*
 returned from an unconverged iterate but handed to a fallback chosen by the caller and counted
 (:func:`fit_warm`: a warm-started full solve on a dense Gram, the working-set fit
 :func:`fit_working_set` on Gram rows computed on demand, the cold solve for a cold start).
