@@ -23,7 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_with_commit import ROOT, rev, worktree  # noqa: E402  (the same worktree handling)
 
 
 def train_losses(tree: Path, run_dir: Path, a: argparse.Namespace) -> list[float]:
@@ -45,17 +46,10 @@ def main() -> int:
     p.add_argument("--preset", default="tiny", choices=("tiny", "paper"))
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    sha = subprocess.run(["git", "rev-parse", a.base], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", "-f", str(base), sha], cwd=ROOT, check=True,
-                       capture_output=True)
-        try:
-            curves = {"base": train_losses(base, Path(tmp) / "run_base", a),
-                      "head": train_losses(ROOT, Path(tmp) / "run_head", a)}
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
+    sha, head = rev(a.base), rev("HEAD")
+    with tempfile.TemporaryDirectory() as tmp, worktree(sha, tmp) as base:
+        curves = {"base": train_losses(base, Path(tmp) / "run_base", a),
+                  "head": train_losses(ROOT, Path(tmp) / "run_head", a)}
     if len(curves["base"]) != len(curves["head"]) or not curves["head"]:
         raise SystemExit(f"the runs logged {len(curves['base'])} and {len(curves['head'])} losses")
     diff = [abs(x - y) for x, y in zip(curves["base"], curves["head"])]

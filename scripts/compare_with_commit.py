@@ -14,15 +14,35 @@ command's JSON) are printed and written to ``results/compare_<name>.json`` with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def rev(name: str) -> str:
+    """The full commit id of a git revision of this repository."""
+    return subprocess.run(["git", "rev-parse", name], cwd=ROOT, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@contextlib.contextmanager
+def worktree(sha: str, tmp: str | Path) -> Iterator[Path]:
+    """A temporary git worktree of ``sha`` under ``tmp`` (removed on exit)."""
+    tree = Path(tmp) / "base"
+    subprocess.run(["git", "worktree", "add", "--detach", "-f", str(tree), sha], cwd=ROOT, check=True,
+                   capture_output=True)
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
 
 
 def dig(data, path: str):
@@ -56,23 +76,16 @@ def main() -> int:
     command = argv[cut + 1:]
     if a.rounds < 1 or len(command) < 2:
         p.error("give --rounds >= 1 and a command such as: -- bench step --layers 2")
-    sha = subprocess.run(["git", "rev-parse", a.base], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+    sha, head = rev(a.base), rev("HEAD")
     values: dict[str, dict[str, list]] = {k: {"base": [], "head": []} for k in a.key}
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", "-f", str(base), sha], cwd=ROOT, check=True,
-                       capture_output=True)
-        try:
-            for r in range(a.rounds):
-                for label, tree in (("base", base), ("head", ROOT)):
-                    data = run_in(tree, command, Path(tmp) / f"{label}{r}.json")
-                    for k in a.key:
-                        values[k][label].append(dig(data, k))
-                print(f"round {r + 1}/{a.rounds}: " + ", ".join(
-                    f"{k} base {values[k]['base'][-1]:.3f} head {values[k]['head'][-1]:.3f}" for k in a.key), flush=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
+    with tempfile.TemporaryDirectory() as tmp, worktree(sha, tmp) as base:
+        for r in range(a.rounds):
+            for label, tree in (("base", base), ("head", ROOT)):
+                data = run_in(tree, command, Path(tmp) / f"{label}{r}.json")
+                for k in a.key:
+                    values[k][label].append(dig(data, k))
+            print(f"round {r + 1}/{a.rounds}: " + ", ".join(
+                f"{k} base {values[k]['base'][-1]:.3f} head {values[k]['head'][-1]:.3f}" for k in a.key), flush=True)
     summary = {k: {"base_median": statistics.median(v["base"]), "head_median": statistics.median(v["head"]),
                    "head_over_base": statistics.median(v["head"]) / statistics.median(v["base"]), **v}
                for k, v in values.items()}

@@ -108,7 +108,8 @@ def train_step(model: Any, idx: Any) -> float:
     import torch
 
     model.zero_grad(set_to_none=True)
-    logits = model(idx[:, :-1])
+    out = model(idx[:, :-1])
+    logits = getattr(out, "logits", out)  # a transformers model returns an output object
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
     loss.backward()
     return float(loss.detach())
@@ -171,7 +172,6 @@ def _measure_checkpoint(args: argparse.Namespace) -> dict[str, Any] | None:
     import sys
 
     import torch
-    from tqdm import tqdm
 
     from sv_attention.data.loading import load_corpus
     from sv_attention.readme import ARTIFACT_DIR
@@ -192,29 +192,10 @@ def _measure_checkpoint(args: argparse.Namespace) -> dict[str, Any] | None:
     data = load_corpus("embedded").data[: args.batch * (block + 1)]
     idx = torch.tensor(list(data), dtype=torch.long).view(args.batch, block + 1)
 
-    def step(model: Any) -> float:
-        model.zero_grad(set_to_none=True)
-        logits = model(idx[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
-        loss.backward()
-        return float(loss.detach())
-
-    from sv_attention.ops.sv_gate import gate_stats
-
     for m in models.values():
         m.train()
-        for _ in range(args.warmup):
-            step(m)
-    stats0 = gate_stats()
-    times: dict[str, list[float]] = {"sv": [], "sdpa": []}
-    losses: dict[str, float] = {}
-    for _ in tqdm(range(args.repeats), desc="bench step (checkpoint)", leave=False):
-        for name, m in models.items():
-            t0 = time.perf_counter()
-            losses[name] = step(m)
-            times[name].append(time.perf_counter() - t0)
+    times, losses, counts = _time_arms(models, idx, args.warmup, args.repeats, "bench step (checkpoint)")
     med = {k: statistics.median(v) for k, v in times.items()}
-    counts = {key: val - stats0.get(key, 0) for key, val in gate_stats().items() if val != stats0.get(key, 0)}
     cfg = models["sv"].config
     return {"config": {"checkpoint": ARTIFACT_DIR, "layers": cfg.num_hidden_layers, "d_model": cfg.hidden_size,
                        "heads": cfg.num_attention_heads, "block": block, "batch": args.batch,
@@ -222,6 +203,34 @@ def _measure_checkpoint(args: argparse.Namespace) -> dict[str, Any] | None:
                        "repeats": args.repeats, "warmup": args.warmup, "torch_threads": torch.get_num_threads()},
             "step_s": med, "ratio_sv_over_sdpa": med["sv"] / med["sdpa"], "loss": losses,
             "gate_stats_timed_steps": counts}
+
+
+def _time_arms(models: dict[str, Any], idx: Any, warmup: int, repeats: int, desc: str,
+               ) -> tuple[dict[str, list[float]], dict[str, float], dict[str, int]]:
+    """Time :func:`train_step` of every model on ``idx``: ``warmup`` untimed steps each, then ``repeats``
+    rounds interleaved (every arm once per round, so all arms see the same machine load).
+
+    Returns
+    -------
+    (step seconds per arm, last loss per arm, gate counters of the timed steps)
+    """
+    from tqdm import tqdm
+
+    from sv_attention.ops.sv_gate import gate_stats
+
+    losses: dict[str, float] = {}
+    for _ in range(warmup):
+        for name, m in models.items():
+            losses[name] = train_step(m, idx)
+    stats0 = gate_stats()
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for _ in tqdm(range(repeats), desc=desc, leave=False):
+        for name, m in models.items():
+            t0 = time.perf_counter()
+            losses[name] = train_step(m, idx)
+            times[name].append(time.perf_counter() - t0)
+    counts = {key: val - stats0.get(key, 0) for key, val in gate_stats().items() if val != stats0.get(key, 0)}
+    return times, losses, counts
 
 
 def _is_published(args: argparse.Namespace) -> bool:
@@ -236,30 +245,16 @@ def _row(res: dict[str, Any]) -> dict[str, Any]:
 def _measure_one(args: argparse.Namespace) -> dict[str, Any]:
     """One configuration: both arms interleaved (median of ``--repeats``), the profile unless disabled."""
     import torch
-    from tqdm import tqdm
 
     cfg = dict(layers=args.layers, d_model=args.d_model, heads=args.heads, block=args.block, chunk=args.chunk,
                nu=args.nu, backend=args.backend, seed=args.seed)
     models = {"sv": build_decoder("sv", **cfg), "sdpa": build_decoder("sdpa", **cfg)}
     g = torch.Generator().manual_seed(args.seed)
     idx = torch.randint(0, 256, (args.batch, args.block + 1), generator=g)
-    times: dict[str, list[float]] = {"sv": [], "sdpa": []}
-    losses: dict[str, float] = {}
-    for _ in range(args.warmup):
-        for name, m in models.items():
-            losses[name] = train_step(m, idx)
-    from sv_attention.ops.sv_gate import gate_stats
-
-    stats0 = gate_stats()
-    for _ in tqdm(range(args.repeats), desc="bench step", leave=False):
-        for name, m in models.items():  # interleaved: both arms see the same machine load
-            t0 = time.perf_counter()
-            losses[name] = train_step(m, idx)
-            times[name].append(time.perf_counter() - t0)
+    times, losses, counts = _time_arms(models, idx, args.warmup, args.repeats, "bench step")
     med = {k: statistics.median(v) for k, v in times.items()}
     tokens = args.batch * args.block
     prof = [] if args.no_profile else profile_step(models["sv"], idx)
-    counts = {key: val - stats0.get(key, 0) for key, val in gate_stats().items() if val != stats0.get(key, 0)}
     return {
         "config": {**cfg, "batch": args.batch, "repeats": args.repeats, "warmup": args.warmup,
                    "torch_threads": torch.get_num_threads()},

@@ -93,11 +93,7 @@ def fused_gated_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     elif q == kv and bool(torch.equal(visible, _causal(q, visible.device).expand(b, q, kv))):
         mask = {"is_causal": True}  # plain causal: the kernel skips the tiles above the diagonal
     else:
-        empty = ~visible.any(-1)  # [b, q]
-        if bool(empty.any()):  # such a row reads key 0 (finite everywhere) and is zeroed below
-            visible = visible | (empty[:, :, None] & (torch.arange(kv, device=visible.device) == 0))
-        else:
-            empty = None
+        visible, empty = _read_key_zero_if_blind(visible)
         mask = {"attn_mask": visible[:, None]}
     out = F.scaled_dot_product_attention(q2, k2, v2, scale=1.0, enable_gqa=h != g, **mask)[..., :dv]
     if empty is not None:
@@ -116,16 +112,23 @@ def _one_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visibl
     row = row.to(query.dtype)
     empty = None
     if not bool(visible.all()):
+        visible, empty = _read_key_zero_if_blind(visible)
         row = row.masked_fill(~visible[:, None], float("-inf"))
-        empty = ~visible.any(-1)  # [b, 1]
-        if bool(empty.any()):  # such a row reads key 0 (finite everywhere) and is zeroed below
+        if empty is not None:  # a blind row's key 0 gets bias 0 (its own gate may be log 0 = -inf)
             row = torch.where(empty[:, None, :, None] & (torch.arange(kv, device=row.device) == 0),
                               torch.zeros_like(row), row)
-        else:
-            empty = None
     out = F.scaled_dot_product_attention(query.reshape(b, g, h // g, d), key, value, attn_mask=row, scale=scaling)
     out = out.reshape(b, h, 1, value.shape[-1])
     return out if empty is None else out * (~empty)[:, None, :, None].to(out.dtype)
+
+
+def _read_key_zero_if_blind(visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``visible [b, q, kv]`` with key 0 made visible to every row that sees nothing (so the softmax stays
+    finite, forward and backward), and those rows ``[b, q]`` (None when there are none) for the caller to zero."""
+    empty = ~visible.any(-1)
+    if not bool(empty.any()):
+        return visible, None
+    return visible | (empty[:, :, None] & (torch.arange(visible.shape[-1], device=visible.device) == 0)), empty
 
 
 _CAUSAL: dict[tuple[int, torch.device], torch.Tensor] = {}
