@@ -90,7 +90,8 @@ class ActiveSetFit:
     settled : bool Tensor ``[G]``  no key violates the KKT conditions by more than ``tol`` (the move
         rules found nothing to move), the margin set is not empty and the solve was regular
     violation : Tensor ``[G]``  largest KKT violation of ``alpha`` (:func:`~sv_attention.svdd.polish.kkt_violation`)
-    steps : int  bordered solves run
+    steps : int  bordered solves run (the most any problem ran)
+    engine : str  ``"native"`` (the C kernel of :mod:`sv_attention.svdd.active_set_native`) or ``"torch"``
     """
 
     alpha: torch.Tensor
@@ -100,6 +101,7 @@ class ActiveSetFit:
     settled: torch.Tensor
     violation: torch.Tensor
     steps: int
+    engine: str = "torch"
 
 
 #: A Gram the fits can read: a dense Tensor ``[G, n, n]`` or a lazy row provider
@@ -140,7 +142,8 @@ class _FitRecord:
 
 
 def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor, error: torch.Tensor, C: float,
-                   steps: int, tol: float, ridge: float, start_alpha: torch.Tensor | None = None) -> ActiveSetFit:
+                   steps: int, tol: float, ridge: float, start_alpha: torch.Tensor | None = None,
+                   engine: str = "auto") -> ActiveSetFit:
     """Primal-dual active-set iteration from a starting partition, lean (no autograd), safeguarded.
 
     Each step solves every problem's bordered KKT system for its partition (compacted margin block, ridge
@@ -176,6 +179,10 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
         ``K_ii - 2 (K alpha)_i - ridge alpha_i`` over the margin keys), after checking that it is that
         solution (these values agree on the margin keys and ``sum alpha = 1``, within
         ``10 tol sqrt(n)``); otherwise the first step solves as usual.
+    engine : ``"auto"`` (default), ``"native"`` or ``"torch"``
+        ``"auto"`` runs the C kernel (:mod:`sv_attention.svdd.active_set_native`: the same steps, per problem,
+        in float64) on a dense CPU Gram when it is available, else this function's torch loop (the
+        reference); ``"native"`` requires the kernel (``RuntimeError`` where it cannot run).
 
     Returns
     -------
@@ -190,6 +197,17 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
         none = torch.zeros(0, dtype=torch.bool, device=dev)
         return ActiveSetFit(alpha=empty, rho=empty[:, 0], margin=margin, error=error, settled=none,
                             violation=empty[:, 0], steps=0)
+    lib = _native_kernel(gram, engine)
+    if lib is not None:
+        from .sv_svdd_active_set_native import run_active_set
+
+        r = run_active_set(lib, gram, mask, margin & mask, error & mask, C, steps, tol, ridge, SETTLED_FACTOR,
+                           PIVOT_BACKUP, start_alpha)
+        alpha, g = r["alpha"].to(dt), r["g"].to(dt)
+        violation = kkt_violation(alpha, g, mask, r["margin"], r["error"],
+                                  torch.full((G,), float(C), dtype=dt, device=dev))
+        return ActiveSetFit(alpha=alpha, rho=r["rho"].to(dt), margin=r["margin"], error=r["error"],
+                            settled=r["settled"], violation=violation, steps=int(r["solves"].max()), engine="native")
     margin, error = margin & mask, error & mask
     out = _FitRecord.empty(G, n, dt, margin, error)
     # the problems still iterating (global ids) and their data
@@ -288,6 +306,27 @@ def active_set_fit(gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
                         violation=violation, steps=solves)
 
 
+def _native_kernel(gram: GramLike, engine: str) -> Any:
+    """The C kernel for :func:`active_set_fit` under ``engine``, or None for the torch loop."""
+    if engine not in ("auto", "native", "torch"):
+        raise ValueError(f"active_set_fit: engine must be 'auto', 'native' or 'torch', got {engine!r}")
+    if engine == "torch":
+        return None
+    from .sv_svdd_active_set_native import kernel, supports
+
+    if not supports(gram):
+        if engine == "native":
+            raise RuntimeError("active_set_fit: the native kernel needs a dense CPU float32/float64 Gram "
+                               "without autograd")
+        return None
+    lib = kernel()
+    if lib is None and engine == "native":
+        from .sv_svdd_native_build import unavailable_reason
+
+        raise RuntimeError(f"active_set_fit: the native kernel is not available ({unavailable_reason('sv_active_set')})")
+    return lib
+
+
 def fit_working_set(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solve: Solver,
                     count: Counter = _no_count) -> torch.Tensor:
     """Warm fit of full problems ``gram [G, n, n]`` on a working set of keys (all keys valid; no autograd).
@@ -361,6 +400,7 @@ def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solv
                              start_alpha=init if new > 0 else None)
     count(stat, 1)
     count("pdas_problems", G)
+    count(f"active_set_{fit.engine}", G)
     alpha = fit.alpha.clamp_min(0.0)
     ok = fit.settled & (fit.violation <= SETTLED_FACTOR * tol)
     if not bool(ok.all()):

@@ -159,7 +159,8 @@ def _low_rank_gram(seed: int) -> torch.Tensor:
     return rbf_gram(keys, sigma=median_bandwidth(keys)[:, None, None])
 
 
-def test_block_pivoting_safeguard_settles_problems_on_which_the_plain_rule_cycles(monkeypatch):
+@pytest.mark.parametrize("engine", ["torch", "native"])
+def test_block_pivoting_safeguard_settles_problems_on_which_the_plain_rule_cycles(monkeypatch, engine):
     """Moving every violator at once cycles on these Grams (problems left unsettled after 64 steps); the
     block-pivoting safeguard (single largest pivots once the violator count stops improving) settles every
     problem, at the exact fp64 optimum (reference: the exact solver / clarabel)."""
@@ -173,10 +174,10 @@ def test_block_pivoting_safeguard_settles_problems_on_which_the_plain_rule_cycle
     mask = torch.ones(G, n, dtype=torch.bool)
     start = (mask.clone(), torch.zeros_like(mask))
     monkeypatch.setattr(warm_fit, "PIVOT_BACKUP", 10**6)  # the plain rule: never falls back to single pivots
-    plain = warm_fit.active_set_fit(gram, mask, *start, C, 64, 1e-12, POLISH_RIDGE_FP64)
+    plain = warm_fit.active_set_fit(gram, mask, *start, C, 64, 1e-12, POLISH_RIDGE_FP64, engine=engine)
     assert (~plain.settled).any()
     monkeypatch.undo()
-    fit = warm_fit.active_set_fit(gram, mask, *start, C, 64, 1e-12, POLISH_RIDGE_FP64)
+    fit = warm_fit.active_set_fit(gram, mask, *start, C, 64, 1e-12, POLISH_RIDGE_FP64, engine=engine)
     assert fit.settled.all() and (fit.violation <= 1e-10).all() and fit.steps < 64
     for p in range(G):
         ref = reference_solution(gram[p], C)
@@ -185,7 +186,8 @@ def test_block_pivoting_safeguard_settles_problems_on_which_the_plain_rule_cycle
 
 
 def test_finished_problems_leave_the_batch_without_changing_any_result():
-    """Compaction: a batch mixing fast and slow problems gives every problem the result it gets alone."""
+    """Compaction (the torch loop): a batch mixing fast and slow problems gives every problem the result it gets
+    alone."""
     from sv_attention.svdd.polish import POLISH_RIDGE_FP64
     from sv_attention.svdd.warm_fit import active_set_fit
 
@@ -193,9 +195,9 @@ def test_finished_problems_leave_the_batch_without_changing_any_result():
     G, n, _ = gram.shape
     mask = torch.ones(G, n, dtype=torch.bool)
     start = (mask.clone(), torch.zeros_like(mask))
-    both = active_set_fit(gram, mask, *start, 1.0 / 32, 64, 1e-12, POLISH_RIDGE_FP64)
+    both = active_set_fit(gram, mask, *start, 1.0 / 32, 64, 1e-12, POLISH_RIDGE_FP64, engine="torch")
     for p in range(G):
         alone = active_set_fit(gram[p:p + 1], mask[p:p + 1], start[0][p:p + 1], start[1][p:p + 1], 1.0 / 32, 64,
-                               1e-12, POLISH_RIDGE_FP64)
+                               1e-12, POLISH_RIDGE_FP64, engine="torch")
         assert torch.equal(alone.margin[0], both.margin[p]) and torch.equal(alone.error[0], both.error[p])
         assert torch.allclose(alone.alpha[0], both.alpha[p], atol=1e-12) and bool(alone.settled[0]) == bool(both.settled[p])

@@ -1,0 +1,189 @@
+"""The C kernel of the active-set iteration (sv_attention.svdd.active_set_native) against the torch loop.
+
+The torch loop of :func:`sv_attention.svdd.warm_fit.active_set_fit` (``engine="torch"``) is the reference;
+the kernel must land on the same partitions and solutions, and on the exact optimum of the SVDD problem.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+from sv_attention.kernels import median_bandwidth, rbf_gram
+from sv_attention.svdd import native_build
+from sv_attention.svdd.batched import solve_batched
+from sv_attention.svdd.polish import polish_ridge
+from sv_attention.svdd.warm_fit import active_set_fit, fit_warm, partition_from_alpha, polish_tol
+
+C = 1.0 / (0.5 * 32)
+
+
+def _gram(seed: int, G: int = 8, n: int = 96, d: int = 8, dtype=torch.float64, spread: float = 1.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    keys = torch.randn(G, n, d, generator=gen, dtype=torch.float64)
+    return rbf_gram(keys, sigma=spread * median_bandwidth(keys)[:, None, None]).to(dtype)
+
+
+def _both(gram, mask, margin, error, *, steps=64, start=None):
+    dt = gram.dtype
+    kw = dict(C=C, steps=steps, tol=polish_tol(dt), ridge=polish_ridge(dt), start_alpha=start)
+    ref = active_set_fit(gram, mask, margin, error, engine="torch", **kw)
+    fast = active_set_fit(gram, mask, margin, error, engine="native", **kw)
+    assert ref.engine == "torch" and fast.engine == "native"
+    return ref, fast
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cold_fits_equal_the_torch_loop_and_the_exact_optimum_in_float64(seed):
+    gram = _gram(seed)
+    G, n, _ = gram.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    ref, fast = _both(gram, mask, mask.clone(), torch.zeros_like(mask))
+    assert fast.settled.all() and ref.settled.all()
+    assert torch.equal(fast.margin, ref.margin) and torch.equal(fast.error, ref.error)
+    assert fast.steps == ref.steps
+    assert (fast.alpha - ref.alpha).abs().max() < 1e-12
+    assert (fast.rho - ref.rho).abs().max() < 1e-12
+    exact = solve_batched(gram, mask, C, ridge=0.0).alpha.clamp_min(0.0)
+    assert (fast.alpha - exact).abs().max() < 1e-5
+    assert (fast.alpha.sum(-1) - 1.0).abs().max() < 1e-12 and fast.violation.max() < 10 * polish_tol(gram.dtype)
+
+
+def test_warm_fits_from_the_previous_boundary_read_the_known_start_and_equal_the_torch_loop():
+    gram = _gram(4, n=128)
+    G, n, _ = gram.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    prev = active_set_fit(gram[:, :96, :96], mask[:, :96], mask[:, :96].clone(), torch.zeros_like(mask[:, :96]),
+                          C, 64, polish_tol(gram.dtype), polish_ridge(gram.dtype), engine="torch").alpha
+    start = torch.nn.functional.pad(prev, (0, 32))
+    margin, error = partition_from_alpha(start, C)
+    ref, fast = _both(gram, mask, margin, error, start=start)
+    assert fast.settled.all() and torch.equal(fast.margin, ref.margin)
+    assert (fast.alpha - ref.alpha).abs().max() < 1e-12
+    # the first step was read off the start: one solve fewer than from the same partition without it
+    _, unknown = _both(gram, mask, margin, error)
+    assert fast.steps == unknown.steps - 1
+
+
+def test_float32_grams_are_solved_in_float64_and_agree_with_the_torch_loop():
+    gram = _gram(5, dtype=torch.float32)
+    G, n, _ = gram.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    ref, fast = _both(gram, mask, mask.clone(), torch.zeros_like(mask))
+    assert fast.alpha.dtype == torch.float32 and fast.settled.all() and ref.settled.all()
+    assert (fast.alpha - ref.alpha).abs().max() < 1e-5
+    exact = solve_batched(gram.double(), mask, C, ridge=0.0).alpha.clamp_min(0.0)
+    assert (fast.alpha.double() - exact).abs().max() < (ref.alpha.double() - exact).abs().max() + 1e-6
+
+
+def test_flat_grams_take_the_pivoting_safeguard_and_settle_like_the_torch_loop():
+    """Keys near a 2-d subspace make the Gram flat (the block rule alone cycles): both paths take the same
+    single pivots and settle every problem at the same partition."""
+    gen = torch.Generator().manual_seed(6)
+    latent = torch.randn(16, 64, 2, generator=gen, dtype=torch.float64)
+    keys = latent @ torch.randn(2, 64, generator=gen, dtype=torch.float64) \
+        + 0.3 * torch.randn(16, 64, 64, generator=gen, dtype=torch.float64)
+    gram = rbf_gram(keys, sigma=median_bandwidth(keys)[:, None, None])
+    G, n, _ = gram.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    ref, fast = _both(gram, mask, mask.clone(), torch.zeros_like(mask))
+    assert fast.settled.all() and ref.settled.all() and fast.steps == ref.steps > 10
+    assert torch.equal(fast.margin, ref.margin) and torch.equal(fast.error, ref.error)
+    assert (fast.alpha - ref.alpha).abs().max() < 1e-10
+
+
+def test_invalid_keys_are_ignored_and_get_no_weight():
+    gram = _gram(7)
+    G, n, _ = gram.shape
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.rand(G, n, generator=gen) > 0.25
+    ref, fast = _both(gram, mask, mask.clone(), torch.zeros_like(mask))
+    assert fast.settled.all() and (fast.alpha[~mask] == 0).all() and not (fast.margin | fast.error)[~mask].any()
+    assert (fast.alpha - ref.alpha).abs().max() < 1e-12
+    exact = solve_batched(gram, mask, C, ridge=0.0).alpha.clamp_min(0.0)
+    assert (fast.alpha - torch.where(mask, exact, torch.zeros_like(exact))).abs().max() < 1e-5
+
+
+def test_a_step_budget_leaves_the_same_problems_unsettled():
+    gram = _gram(8, spread=3.0)
+    G, n, _ = gram.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    ref, fast = _both(gram, mask, mask.clone(), torch.zeros_like(mask), steps=2)
+    assert not fast.settled.all() and torch.equal(fast.settled, ref.settled)
+    assert torch.equal(fast.margin, ref.margin) and torch.equal(fast.error, ref.error)
+
+
+def test_fit_warm_counts_the_engine_that_ran():
+    gram = _gram(9)
+    G, n, _ = gram.shape
+    stats: dict[str, int] = {}
+
+    def count(key: str, k: int = 1) -> None:
+        stats[key] = stats.get(key, 0) + k
+
+    uniform = torch.full((G, n), 1.0 / n, dtype=gram.dtype)
+    fit_warm(gram, uniform, C, 0, solve=lambda *a, **k: None, count=count)
+    assert stats["active_set_native"] == G and "active_set_torch" not in stats
+
+
+def test_a_gram_with_autograd_or_a_bad_engine_name_is_refused_by_the_native_engine():
+    gram = _gram(10).requires_grad_(True)
+    G, n, _ = gram.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="dense CPU"):
+        active_set_fit(gram, mask, mask, torch.zeros_like(mask), C, 8, 1e-12, 1e-10, engine="native")
+    with pytest.raises(ValueError, match="engine"):
+        active_set_fit(gram.detach(), mask, mask, torch.zeros_like(mask), C, 8, 1e-12, 1e-10, engine="cuda")
+    auto = active_set_fit(gram, mask, mask, torch.zeros_like(mask), C, 64, polish_tol(gram.dtype),
+                          polish_ridge(gram.dtype))
+    assert auto.engine == "torch" and auto.settled.all()
+
+
+def test_a_kernel_that_cannot_be_built_is_reported_and_the_torch_loop_runs(monkeypatch, tmp_path):
+    monkeypatch.setattr(native_build, "_LOADED", {})
+    monkeypatch.setattr(native_build, "_REASONS", {})
+    monkeypatch.setenv("SV_ATTENTION_CACHE", str(tmp_path))
+    monkeypatch.setattr(native_build, "_compiler", lambda: None)
+    gram = _gram(11)
+    G, n, _ = gram.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    with pytest.warns(RuntimeWarning, match="could not be built.*no C compiler"):
+        fit = active_set_fit(gram, mask, mask, torch.zeros_like(mask), C, 64, polish_tol(gram.dtype),
+                             polish_ridge(gram.dtype))
+    assert fit.engine == "torch" and fit.settled.all()
+    with pytest.raises(RuntimeError, match="not available.*no C compiler"):
+        active_set_fit(gram, mask, mask, torch.zeros_like(mask), C, 8, 1e-12, 1e-10, engine="native")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_failed_compilation_is_reported_with_the_compiler_message(monkeypatch, tmp_path):
+    monkeypatch.setattr(native_build, "_LOADED", {})
+    monkeypatch.setenv("SV_ATTENTION_CACHE", str(tmp_path))
+    with pytest.warns(RuntimeWarning, match="could not be built.*failed"):
+        assert native_build.load_kernel("broken", "int f( {") is None
+
+
+def test_the_switch_turns_the_kernel_off_without_a_warning(monkeypatch):
+    monkeypatch.setenv(native_build.ENV_SWITCH, "0")
+    gram = _gram(12)
+    G, n, _ = gram.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit = active_set_fit(gram, mask, mask, torch.zeros_like(mask), C, 64, polish_tol(gram.dtype),
+                             polish_ridge(gram.dtype))
+    assert fit.engine == "torch"
+
+
+def test_the_kernel_is_compiled_once_into_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setattr(native_build, "_LOADED", {})
+    monkeypatch.setenv("SV_ATTENTION_CACHE", str(tmp_path))
+    src = "int sv_answer(void) { return 42; }\n"
+    lib = native_build.load_kernel("answer", src)
+    assert lib is not None and lib.sv_answer() == 42
+    built = list(tmp_path.glob("answer-*/answer.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    monkeypatch.setattr(native_build, "_LOADED", {})
+    assert native_build.load_kernel("answer", src).sv_answer() == 42
+    assert built[0].stat().st_mtime_ns == stamp
