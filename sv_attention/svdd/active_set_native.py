@@ -41,16 +41,30 @@ typedef struct {
     int64_t next; int failed;
 } job_t;
 
-typedef struct { double *Kd, *M, *aS, *z1, *z2, *hs, *Kc; int64_t *S, *E, *pos; uint8_t *viol; } work_t;
+/* one problem's Gram [n, n], float32 or float64, read in float64 */
+typedef struct { const float *f; const double *d; int64_t n; } gram_t;
 
-static int chol(double *M, int64_t m) {  /* in place, lower triangle, row-major; 0 on success */
+static inline double kat(const gram_t *K, int64_t i, int64_t j) {
+    return K->d ? K->d[i * K->n + j] : (double)K->f[i * K->n + j];
+}
+
+static void add_row(const gram_t *K, int64_t r, double c, double *acc) {  /* acc += c K[r, :] */
+    const int64_t n = K->n;
+    if (K->d) { const double *row = K->d + r * n; for (int64_t i = 0; i < n; i++) acc[i] += c * row[i]; }
+    else { const float *row = K->f + r * n; for (int64_t i = 0; i < n; i++) acc[i] += c * (double)row[i]; }
+}
+
+typedef struct { double *L, *aS, *z1, *z2, *hs, *Kc, *KE, *diag; int64_t *S, *E, *pos; uint8_t *viol; } work_t;
+
+/* Cholesky factor of the margin block, lower triangle, row-major with leading dimension ld; 0 on success */
+static int chol(double *L, int64_t m, int64_t ld) {
     for (int64_t j = 0; j < m; j++) {
-        double *rj = M + j * m, s = rj[j];
+        double *rj = L + j * ld, s = rj[j];
         for (int64_t k = 0; k < j; k++) s -= rj[k] * rj[k];
         if (!(s > 0.0)) return 1;
         double d = sqrt(s); rj[j] = d;
         for (int64_t i = j + 1; i < m; i++) {
-            double *ri = M + i * m, t = ri[j];
+            double *ri = L + i * ld, t = ri[j];
             for (int64_t k = 0; k < j; k++) t -= ri[k] * rj[k];
             ri[j] = t / d;
         }
@@ -58,67 +72,93 @@ static int chol(double *M, int64_t m) {  /* in place, lower triangle, row-major;
     return 0;
 }
 
-static void chol_solve(const double *L, int64_t m, double *x) {  /* x <- (L L^T)^-1 x */
+static void forward(const double *L, int64_t m, int64_t ld, double *x) {  /* x <- L^-1 x */
     for (int64_t i = 0; i < m; i++) {
-        const double *ri = L + i * m; double t = x[i];
+        const double *ri = L + i * ld; double t = x[i];
         for (int64_t k = 0; k < i; k++) t -= ri[k] * x[k];
         x[i] = t / ri[i];
     }
+}
+
+static void chol_solve(const double *L, int64_t m, int64_t ld, double *x) {  /* x <- (L L^T)^-1 x */
+    forward(L, m, ld, x);
     for (int64_t i = m - 1; i >= 0; i--) {
         double t = x[i];
-        for (int64_t k = i + 1; k < m; k++) t -= L[k * m + i] * x[k];
-        x[i] = t / L[i * m + i];
+        for (int64_t k = i + 1; k < m; k++) t -= L[k * ld + i] * x[k];
+        x[i] = t / L[i * ld + i];
     }
 }
 
-/* Kc = sum_k aS[k] K[S[k], :] + C sum_e K[E[e], :] */
-static void gram_times(const double *K, int64_t n, const int64_t *S, const double *aS, int64_t ns,
-                       const int64_t *E, int64_t ne, double C, double *Kc) {
-    memset(Kc, 0, (size_t)n * sizeof(double));
-    for (int64_t k = 0; k < ns; k++) {
-        const double *row = K + S[k] * n; double c = aS[k];
-        for (int64_t i = 0; i < n; i++) Kc[i] += c * row[i];
+/* Append key j as the last margin slot: L gains the row [l, d], l = L^-1 (2 K_Sj),
+   d = sqrt(2 K_jj + ridge - |l|^2). 0 on success (1: not positive definite within rounding). */
+static int chol_append(double *L, int64_t m, int64_t ld, const int64_t *S, const gram_t *K, int64_t j,
+                       double ridge) {
+    double *rm = L + m * ld, s = 2.0 * kat(K, j, j) + ridge;
+    for (int64_t k = 0; k < m; k++) rm[k] = 2.0 * kat(K, j, S[k]);
+    forward(L, m, ld, rm);
+    for (int64_t k = 0; k < m; k++) s -= rm[k] * rm[k];
+    if (!(s > 0.0)) return 1;
+    rm[m] = sqrt(s);
+    return 0;
+}
+
+/* Remove slot p: rows below p lose column p, which is folded into the trailing factor by a rank-one
+   update (Givens form); rows and columns after p shift up / left by one. x: scratch of m entries. */
+static void chol_remove(double *L, int64_t m, int64_t ld, int64_t p, double *x) {
+    int64_t R = m - p - 1;
+    for (int64_t i = 0; i < R; i++) x[i] = L[(p + 1 + i) * ld + p];
+    for (int64_t k = 0; k < R; k++) {
+        double *rk = L + (p + 1 + k) * ld + (p + 1);
+        double a = rk[k], r = hypot(a, x[k]), c = r / a, s = x[k] / a;
+        rk[k] = r;
+        for (int64_t i = k + 1; i < R; i++) {
+            double *ri = L + (p + 1 + i) * ld + (p + 1);
+            ri[k] = (ri[k] + s * x[i]) / c;
+            x[i] = c * x[i] - s * ri[k];
+        }
     }
-    for (int64_t e = 0; e < ne; e++) {
-        const double *row = K + E[e] * n;
-        for (int64_t i = 0; i < n; i++) Kc[i] += C * row[i];
+    for (int64_t i = p + 1; i < m; i++) {  /* shift row i up to i - 1, dropping column p */
+        double *src = L + i * ld, *dst = L + (i - 1) * ld;
+        for (int64_t k = 0; k < p; k++) dst[k] = src[k];
+        for (int64_t k = p + 1; k <= i; k++) dst[k - 1] = src[k];
     }
 }
 
 static void solve_one(job_t *jb, work_t *w, int64_t p) {
     const int64_t n = jb->n;
     const double C = jb->C, tol = jb->tol, ridge = jb->ridge;
-    const double *K;
-    if (jb->is_double) K = (const double *)jb->gram + p * n * n;
-    else {
-        const float *src = (const float *)jb->gram + p * n * n;
-        for (int64_t i = 0; i < n * n; i++) w->Kd[i] = (double)src[i];
-        K = w->Kd;
-    }
+    gram_t K = {NULL, NULL, n};
+    if (jb->is_double) K.d = (const double *)jb->gram + p * n * n;
+    else K.f = (const float *)jb->gram + p * n * n;
     const uint8_t *mask = jb->mask + p * n;
     uint8_t *mar = jb->margin + p * n, *err = jb->error + p * n;
     const double *start = jb->start ? jb->start + p * n : NULL;
     double *g = jb->g + p * n;
-    int64_t best = n + 1, backup = jb->pivot_backup, run = 0, solves = 0;
+    int64_t best = n + 1, backup = jb->pivot_backup, run = 0, solves = 0, ns = 0;
     double rho = 0.0;
     int ok = 1, settled = 0;
-    for (int64_t i = 0; i < n; i++) { mar[i] &= mask[i]; err[i] &= mask[i]; }
+    /* factored: w->L is the factor of the margin block in the slot order w->S and w->KE = K 1_E, both kept
+       across steps by updates while few keys move; fresh: both were computed from scratch */
+    int factored = 0, fresh = 0;
+    for (int64_t i = 0; i < n; i++) { mar[i] &= mask[i]; err[i] &= mask[i]; w->diag[i] = kat(&K, i, i); }
     for (;;) {
-        int64_t ns = 0, ne = 0;
-        for (int64_t i = 0; i < n; i++) {
-            w->pos[i] = -1;
-            if (mar[i]) { w->pos[i] = ns; w->S[ns++] = i; }
-            else if (err[i]) w->E[ne++] = i;
+        int64_t ne = 0;
+        for (int64_t i = 0; i < n; i++) ne += err[i];
+        if (!factored) {  /* margin slots in index order, K 1_E summed anew */
+            ns = 0;
+            for (int64_t i = 0; i < n; i++) { w->pos[i] = -1; if (mar[i]) { w->pos[i] = ns; w->S[ns++] = i; } }
+            memset(w->KE, 0, (size_t)n * sizeof(double));
+            for (int64_t i = 0; i < n; i++) if (err[i]) add_row(&K, i, 1.0, w->KE);
         }
         if (ns == 0) { ok = 0; settled = 0; break; }  /* an empty margin: unsettled (the caller refits) */
         int known = 0;
         if (run == 0 && start) {  /* the starting partition's solution may be known: no solve */
-            for (int64_t k = 0; k < ns; k++) w->aS[k] = start[w->S[k]];
-            gram_times(K, n, w->S, w->aS, ns, w->E, ne, C, w->Kc);
+            memset(w->Kc, 0, (size_t)n * sizeof(double));
+            for (int64_t k = 0; k < ns; k++) { w->aS[k] = start[w->S[k]]; add_row(&K, w->S[k], w->aS[k], w->Kc); }
             double sum_r = 0.0, mass = C * (double)ne - 1.0;
             for (int64_t k = 0; k < ns; k++) {
                 int64_t i = w->S[k];
-                w->hs[k] = K[i * n + i] - 2.0 * w->Kc[i] - ridge * w->aS[k];
+                w->hs[k] = w->diag[i] - 2.0 * (w->Kc[i] + C * w->KE[i]) - ridge * w->aS[k];
                 sum_r += w->hs[k]; mass += w->aS[k];
             }
             double r = sum_r / (double)ns, spread = 0.0;
@@ -130,28 +170,36 @@ static void solve_one(job_t *jb, work_t *w, int64_t p) {
             }
         }
         if (!known) {
-            /* [[0, 1^T], [1, M]] [rho; a] = [1 - C |E|; h_S], M = 2 K_SS + ridge I */
+            /* [[0, 1^T], [1, M]] [rho; a] = [1 - C |E|; h_S], M = 2 K_SS + ridge I, h_S = diag_S - 2 C (K 1_E)_S */
+            if (!factored) {
+                for (int64_t a = 0; a < ns; a++) {
+                    double *La = w->L + a * n;
+                    for (int64_t b = 0; b <= a; b++) La[b] = 2.0 * kat(&K, w->S[a], w->S[b]);
+                    La[a] += ridge;
+                }
+                if (chol(w->L, ns, n)) { solves++; ok = 0; settled = 0; break; }
+                factored = fresh = 1;
+            }
             for (int64_t a = 0; a < ns; a++) {
-                const double *row = K + w->S[a] * n; double *Ma = w->M + a * ns;
-                for (int64_t b = 0; b <= a; b++) Ma[b] = 2.0 * row[w->S[b]];
-                Ma[a] += ridge;
-                double t = 0.0;
-                for (int64_t e = 0; e < ne; e++) t += row[w->E[e]];
-                w->z1[a] = row[w->S[a]] - 2.0 * C * t;
+                w->z1[a] = w->diag[w->S[a]] - 2.0 * C * w->KE[w->S[a]];
                 w->z2[a] = 1.0;
             }
             solves++;
-            if (chol(w->M, ns)) { ok = 0; settled = 0; break; }
-            chol_solve(w->M, ns, w->z1);
-            chol_solve(w->M, ns, w->z2);
+            chol_solve(w->L, ns, n, w->z1);
+            chol_solve(w->L, ns, n, w->z2);
             double s1 = 0.0, s2 = 0.0;
             for (int64_t k = 0; k < ns; k++) { s1 += w->z1[k]; s2 += w->z2[k]; }
             rho = (s1 - (1.0 - C * (double)ne)) / s2;
             ok = isfinite(rho);
-            for (int64_t k = 0; k < ns; k++) { w->aS[k] = w->z1[k] - rho * w->z2[k]; ok = ok && isfinite(w->aS[k]); }
-            gram_times(K, n, w->S, w->aS, ns, w->E, ne, C, w->Kc);
+            memset(w->Kc, 0, (size_t)n * sizeof(double));
+            for (int64_t k = 0; k < ns; k++) {
+                w->aS[k] = w->z1[k] - rho * w->z2[k];
+                ok = ok && isfinite(w->aS[k]);
+                add_row(&K, w->S[k], w->aS[k], w->Kc);
+            }
         }
-        for (int64_t i = 0; i < n; i++) g[i] = rho - K[i * n + i] + 2.0 * w->Kc[i];
+        /* KKT gradient g = rho - K_ii + 2 (K alpha)_i, K alpha = K_S alpha_S + C K 1_E */
+        for (int64_t i = 0; i < n; i++) g[i] = rho - w->diag[i] + 2.0 * (w->Kc[i] + C * w->KE[i]);
         /* each key's violation in the units of its move rule; the largest one (first on ties) */
         int64_t nviol = 0, top = -1; double top_size = -INFINITY;
         for (int64_t i = 0; i < n; i++) {
@@ -163,20 +211,50 @@ static void solve_one(job_t *jb, work_t *w, int64_t p) {
             if (size > tol) { w->viol[i] = 1; nviol++; }
             if (size > top_size) { top_size = size; top = i; }
         }
+        if (nviol == 0 && !known && !fresh) { factored = 0; continue; }  /* accept only a fresh solve */
         if (nviol == 0 || run >= jb->steps) { settled = (nviol == 0) && ok; break; }
+        /* block principal pivoting: every violator while their count reaches a new minimum (or backups
+           are left), else only the largest one */
         int improved = nviol < best, block = improved || backup > 0;
         backup = improved ? jb->pivot_backup : (backup > 0 ? backup - 1 : 0);
         if (nviol < best) best = nviol;
+        /* the moves: viol[i] = 1 joins the margin, 2 leaves it for R, 3 leaves it for E */
+        int64_t moves = 0;
         for (int64_t i = 0; i < n; i++) {
-            if (!w->viol[i] || !(block || i == top)) continue;
-            if (mar[i]) { err[i] = w->aS[w->pos[i]] / C > 1.0; mar[i] = 0; }
-            else { err[i] = 0; mar[i] = 1; }
+            if (!w->viol[i] || !(block || i == top)) { w->viol[i] = 0; continue; }
+            moves++;
+            if (mar[i]) w->viol[i] = (w->aS[w->pos[i]] / C > 1.0) ? 3 : 2;
         }
+        /* few moves: update the factor (O(|S|^2) each) and K 1_E instead of recomputing them */
+        int update = factored && !known && 8 * moves <= ns + 8;
+        for (int64_t i = 0; i < n; i++) {  /* margin keys leave first */
+            if (w->viol[i] < 2) continue;
+            mar[i] = 0; err[i] = w->viol[i] == 3;
+            if (!update) continue;
+            int64_t slot = w->pos[i];
+            chol_remove(w->L, ns, n, slot, w->hs);
+            for (int64_t k = slot + 1; k < ns; k++) { w->S[k - 1] = w->S[k]; w->pos[w->S[k - 1]] = k - 1; }
+            ns--;
+            w->pos[i] = -1;
+            if (err[i]) add_row(&K, i, 1.0, w->KE);
+        }
+        for (int64_t i = 0; i < n; i++) {
+            if (w->viol[i] != 1) continue;
+            int was_error = err[i];
+            err[i] = 0; mar[i] = 1;
+            if (update && chol_append(w->L, ns, n, w->S, &K, i, ridge)) update = 0;
+            if (update) {
+                w->S[ns] = i; w->pos[i] = ns; ns++;
+                if (was_error) add_row(&K, i, -1.0, w->KE);
+            }
+        }
+        if (update) fresh = 0;
+        else factored = 0;
         run++;
     }
     double *alpha = jb->alpha + p * n;
     for (int64_t i = 0; i < n; i++)
-        alpha[i] = (mar[i] && w->pos[i] >= 0) ? w->aS[w->pos[i]] : (err[i] ? C : 0.0);
+        alpha[i] = (mar[i] && w->pos[i] >= 0 && w->pos[i] < ns) ? w->aS[w->pos[i]] : (err[i] ? C : 0.0);
     jb->rho[p] = rho;
     jb->settled[p] = (uint8_t)(settled && ok);
     jb->solves[p] = solves;
@@ -186,16 +264,15 @@ static void *worker(void *arg) {
     job_t *jb = (job_t *)arg;
     const int64_t n = jb->n;
     work_t w;
-    size_t nn = (size_t)n * (size_t)n;
-    w.Kd = jb->is_double ? NULL : malloc(nn * sizeof(double));
-    w.M = malloc(nn * sizeof(double));
-    double *vec = malloc(5 * (size_t)n * sizeof(double));
+    w.L = malloc((size_t)n * (size_t)n * sizeof(double));
+    double *vec = malloc(8 * (size_t)n * sizeof(double));
     int64_t *idx = malloc(3 * (size_t)n * sizeof(int64_t));
     w.viol = malloc((size_t)n);
-    if (!w.M || !vec || !idx || !w.viol || (!jb->is_double && !w.Kd)) {
+    if (!w.L || !vec || !idx || !w.viol) {
         __atomic_store_n(&jb->failed, 1, __ATOMIC_SEQ_CST);
     } else {
         w.aS = vec; w.z1 = vec + n; w.z2 = vec + 2 * n; w.hs = vec + 3 * n; w.Kc = vec + 4 * n;
+        w.KE = vec + 5 * n; w.diag = vec + 6 * n;
         w.S = idx; w.E = idx + n; w.pos = idx + 2 * n;
         for (;;) {
             int64_t p = __atomic_fetch_add(&jb->next, 1, __ATOMIC_SEQ_CST);
@@ -203,7 +280,7 @@ static void *worker(void *arg) {
             solve_one(jb, &w, p);
         }
     }
-    free(w.Kd); free(w.M); free(vec); free(idx); free(w.viol);
+    free(w.L); free(vec); free(idx); free(w.viol);
     return NULL;
 }
 
@@ -215,8 +292,8 @@ int sv_active_set(const void *gram, int is_double, int64_t G, int64_t n, const u
                 start, alpha, g, rho, settled, solves, 0, 0};
     if (threads > G) threads = G;
     if (threads < 1) threads = 1;
-    pthread_t tid[64];
     if (threads > 64) threads = 64;
+    pthread_t tid[64];
     int64_t started = 0;
     for (int64_t t = 1; t < threads; t++) {
         if (pthread_create(&tid[t], NULL, worker, &jb) != 0) break;

@@ -37,8 +37,12 @@ from typing import Any
 
 import torch
 
-#: Primal-dual active-set steps of a warm fit before unsettled problems go to the fallback.
+#: Primal-dual active-set steps of a warm fit before unsettled problems go to the fallback (the torch loop).
 WARM_PDAS_STEPS = 64
+#: The same budget when the C kernel runs the steps (:mod:`sv_attention.svdd.active_set_native`): a step costs
+#: microseconds there, so the slow tail of single pivots on flat Grams (up to ~100 steps at the published
+#: shape at initialisation) finishes instead of paying for a full solve.
+NATIVE_PDAS_STEPS = 256
 #: Block-pivoting steps a problem may take after its number of KKT violators last reached a new minimum
 #: before :func:`active_set_fit` falls back to single principal pivots (the anti-cycling safeguard).
 PIVOT_BACKUP = 3
@@ -375,8 +379,8 @@ def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solv
     partition (:func:`partition_from_alpha`); :func:`active_set_fit` moves every KKT violator. A problem
     whose partition settled is returned as the exact optimum of that partition (ridge
     :data:`~sv_attention.svdd.polish.POLISH_RIDGE`, the polish's own); problems that did not settle
-    within :data:`WARM_PDAS_STEPS` steps (or whose Cholesky factor failed) are refitted (counted as
-    ``warm_pdas_fallback``): a warm start (``new > 0``) by :func:`fit_working_set`, a cold start
+    within :data:`WARM_PDAS_STEPS` steps (:data:`NATIVE_PDAS_STEPS` on the C kernel), or whose Cholesky
+    factor failed, are refitted (counted as ``warm_pdas_fallback``): a warm start (``new > 0``) by :func:`fit_working_set`, a cold start
     (``new == 0``, e.g. uniform ``init``) by the cold ``solve``; a refit that is not a valid gate
     (``sum alpha != 1`` or ``alpha > C`` beyond 1e-4) is replaced by the cold ``solve`` as well (counted
     as ``warm_fallback_cold``), so the result never depends on an unconverged warm iterate. ``stat``
@@ -392,9 +396,10 @@ def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solv
     mask = torch.ones(G, n, dtype=torch.bool, device=gram.device)
     margin, error = partition_from_alpha(init, C)
     tol = polish_tol(gram.dtype)
+    budget = NATIVE_PDAS_STEPS if _native_kernel(gram, "auto") is not None else WARM_PDAS_STEPS
     # a warm start (new > 0) is the previous boundary's exact solution: its first step needs no solve
     with torch.profiler.record_function("sv.active_set"):
-        fit = active_set_fit(gram, mask, margin, error, float(C), WARM_PDAS_STEPS, tol, polish_ridge(gram.dtype),
+        fit = active_set_fit(gram, mask, margin, error, float(C), budget, tol, polish_ridge(gram.dtype),
                              start_alpha=init if new > 0 else None)
     count(stat, 1)
     count("pdas_problems", G)

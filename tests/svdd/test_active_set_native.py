@@ -41,7 +41,7 @@ def test_cold_fits_equal_the_torch_loop_and_the_exact_optimum_in_float64(seed):
     ref, fast = _both(gram, mask, mask.clone(), torch.zeros_like(mask))
     assert fast.settled.all() and ref.settled.all()
     assert torch.equal(fast.margin, ref.margin) and torch.equal(fast.error, ref.error)
-    assert fast.steps == ref.steps
+    assert ref.steps <= fast.steps <= ref.steps + 1  # + the final solve from a fresh factor
     assert (fast.alpha - ref.alpha).abs().max() < 1e-12
     assert (fast.rho - ref.rho).abs().max() < 1e-12
     exact = solve_batched(gram, mask, C, ridge=0.0).alpha.clamp_min(0.0)
@@ -87,7 +87,8 @@ def test_flat_grams_take_the_pivoting_safeguard_and_settle_like_the_torch_loop()
     G, n, _ = gram.shape
     mask = torch.ones(G, n, dtype=torch.bool)
     ref, fast = _both(gram, mask, mask.clone(), torch.zeros_like(mask))
-    assert fast.settled.all() and ref.settled.all() and fast.steps == ref.steps > 10
+    assert fast.settled.all() and ref.settled.all() and ref.steps > 10
+    assert ref.steps <= fast.steps <= ref.steps + 1  # single pivots update the factor; the last solve is fresh
     assert torch.equal(fast.margin, ref.margin) and torch.equal(fast.error, ref.error)
     assert (fast.alpha - ref.alpha).abs().max() < 1e-10
 
