@@ -33,7 +33,7 @@ SOURCE = r"""
 #include <string.h>
 
 typedef struct {
-    const void *gram; int is_double; int64_t G, n;
+    const void *gram; int is_double; int64_t G, n, pstride, ld;
     const uint8_t *mask; uint8_t *margin, *error;
     double C; int64_t steps; double tol, ridge, settled_factor; int64_t pivot_backup;
     const double *start;
@@ -41,17 +41,18 @@ typedef struct {
     int64_t next; int failed;
 } job_t;
 
-/* one problem's Gram [n, n], float32 or float64, read in float64 */
-typedef struct { const float *f; const double *d; int64_t n; } gram_t;
+/* one problem's Gram [n, n] (rows ld elements apart: a view into a larger Gram needs no copy), float32 or
+   float64, read in float64 */
+typedef struct { const float *f; const double *d; int64_t n, ld; } gram_t;
 
 static inline double kat(const gram_t *K, int64_t i, int64_t j) {
-    return K->d ? K->d[i * K->n + j] : (double)K->f[i * K->n + j];
+    return K->d ? K->d[i * K->ld + j] : (double)K->f[i * K->ld + j];
 }
 
 static void add_row(const gram_t *K, int64_t r, double c, double *acc) {  /* acc += c K[r, :] */
     const int64_t n = K->n;
-    if (K->d) { const double *row = K->d + r * n; for (int64_t i = 0; i < n; i++) acc[i] += c * row[i]; }
-    else { const float *row = K->f + r * n; for (int64_t i = 0; i < n; i++) acc[i] += c * (double)row[i]; }
+    if (K->d) { const double *row = K->d + r * K->ld; for (int64_t i = 0; i < n; i++) acc[i] += c * row[i]; }
+    else { const float *row = K->f + r * K->ld; for (int64_t i = 0; i < n; i++) acc[i] += c * (double)row[i]; }
 }
 
 typedef struct { double *L, *aS, *z1, *z2, *hs, *Kc, *KE, *diag; int64_t *S, *E, *pos; uint8_t *viol; } work_t;
@@ -127,9 +128,9 @@ static void chol_remove(double *L, int64_t m, int64_t ld, int64_t p, double *x) 
 static void solve_one(job_t *jb, work_t *w, int64_t p) {
     const int64_t n = jb->n;
     const double C = jb->C, tol = jb->tol, ridge = jb->ridge;
-    gram_t K = {NULL, NULL, n};
-    if (jb->is_double) K.d = (const double *)jb->gram + p * n * n;
-    else K.f = (const float *)jb->gram + p * n * n;
+    gram_t K = {NULL, NULL, n, jb->ld};
+    if (jb->is_double) K.d = (const double *)jb->gram + p * jb->pstride;
+    else K.f = (const float *)jb->gram + p * jb->pstride;
     const uint8_t *mask = jb->mask + p * n;
     uint8_t *mar = jb->margin + p * n, *err = jb->error + p * n;
     const double *start = jb->start ? jb->start + p * n : NULL;
@@ -284,11 +285,12 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-int sv_active_set(const void *gram, int is_double, int64_t G, int64_t n, const uint8_t *mask, uint8_t *margin,
+int sv_active_set(const void *gram, int is_double, int64_t G, int64_t n, int64_t pstride, int64_t ld,
+                  const uint8_t *mask, uint8_t *margin,
                   uint8_t *error, double C, int64_t steps, double tol, double ridge, double settled_factor,
                   int64_t pivot_backup, const double *start, double *alpha, double *g, double *rho,
                   uint8_t *settled, int64_t *solves, int64_t threads) {
-    job_t jb = {gram, is_double, G, n, mask, margin, error, C, steps, tol, ridge, settled_factor, pivot_backup,
+    job_t jb = {gram, is_double, G, n, pstride, ld, mask, margin, error, C, steps, tol, ridge, settled_factor, pivot_backup,
                 start, alpha, g, rho, settled, solves, 0, 0};
     if (threads > G) threads = G;
     if (threads < 1) threads = 1;
@@ -313,7 +315,7 @@ def kernel() -> ctypes.CDLL | None:
     lib = load_kernel(NAME, SOURCE)
     if lib is not None and not getattr(lib, "_sv_typed", False):
         lib.sv_active_set.restype = ctypes.c_int
-        lib.sv_active_set.argtypes = [_ptr, ctypes.c_int, _i64, _i64, _ptr, _ptr, _ptr, _f64, _i64, _f64, _f64, _f64,
+        lib.sv_active_set.argtypes = [_ptr, ctypes.c_int, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _f64, _i64, _f64, _f64, _f64,
                                       _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64]
         lib._sv_typed = True
     return lib
@@ -332,7 +334,8 @@ def run_active_set(lib: ctypes.CDLL, gram: torch.Tensor, mask: torch.Tensor, mar
 
     Parameters
     ----------
-    gram : Tensor ``[G, n, n]``  dense, CPU, float32 or float64
+    gram : Tensor ``[G, n, n]``  dense, CPU, float32 or float64; any strides with contiguous rows (a slice of a
+        larger Gram is read in place)
     mask, margin, error : bool Tensor ``[G, n]``  valid keys and the starting partition
     C, steps, tol, ridge : as :func:`sv_attention.svdd.warm_fit.active_set_fit`
     settled_factor : float  the known-start test's bound is ``settled_factor * tol * max(1, sqrt(n))``
@@ -345,7 +348,8 @@ def run_active_set(lib: ctypes.CDLL, gram: torch.Tensor, mask: torch.Tensor, mar
     the final partition), ``settled`` (bool ``[G]``) and ``solves`` (long ``[G]``)
     """
     G, n, _ = gram.shape
-    gram = gram.contiguous()
+    if gram.stride(2) != 1:  # rows must be contiguous; a view with other problem / row strides is read in place
+        gram = gram.contiguous()
     u8 = {name: t.to(torch.uint8).contiguous().clone() for name, t in (("margin", margin), ("error", error))}
     mask_u8 = mask.to(torch.uint8).contiguous()
     start = None if start_alpha is None else start_alpha.to(torch.float64).contiguous()
@@ -354,7 +358,8 @@ def run_active_set(lib: ctypes.CDLL, gram: torch.Tensor, mask: torch.Tensor, mar
     rho = torch.empty(G, dtype=torch.float64)
     settled = torch.empty(G, dtype=torch.uint8)
     solves = torch.empty(G, dtype=torch.int64)
-    failed = lib.sv_active_set(gram.data_ptr(), int(gram.dtype == torch.float64), G, n, mask_u8.data_ptr(),
+    failed = lib.sv_active_set(gram.data_ptr(), int(gram.dtype == torch.float64), G, n, gram.stride(0),
+                               gram.stride(1), mask_u8.data_ptr(),
                                u8["margin"].data_ptr(), u8["error"].data_ptr(), float(C), int(steps), float(tol),
                                float(ridge), float(settled_factor), int(pivot_backup),
                                None if start is None else start.data_ptr(), alpha.data_ptr(), g.data_ptr(),

@@ -188,3 +188,16 @@ def test_the_kernel_is_compiled_once_into_the_cache(monkeypatch, tmp_path):
     monkeypatch.setattr(native_build, "_LOADED", {})
     assert native_build.load_kernel("answer", src).sv_answer() == 42
     assert built[0].stat().st_mtime_ns == stamp
+
+
+def test_a_slice_of_a_larger_gram_is_read_in_place_with_the_same_result():
+    """The prefill fits boundary s on the view ``full[..., :s, :s]``: rows ld > s apart, no copy."""
+    full = _gram(13, n=128)
+    view = full[:, :96, :96]
+    assert not view.is_contiguous()
+    G, n, _ = view.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    kw = dict(C=C, steps=64, tol=polish_tol(full.dtype), ridge=polish_ridge(full.dtype), engine="native")
+    a = active_set_fit(view, mask, mask.clone(), torch.zeros_like(mask), **kw)
+    b = active_set_fit(view.contiguous(), mask, mask.clone(), torch.zeros_like(mask), **kw)
+    assert a.settled.all() and torch.equal(a.alpha, b.alpha) and torch.equal(a.margin, b.margin)
