@@ -140,10 +140,13 @@ class GateSchedule:
         kpos = torch.where(valid, valid.long().cumsum(-1) - 1 + base[:, None],
                            torch.full_like(valid, -1, dtype=torch.long))
         seen = flags.amax(-1).bool() if kv else torch.zeros(b, q, dtype=torch.bool, device=visible.device)
-        cols = torch.arange(kv, device=visible.device)
-        last = torch.where(visible, cols, torch.full_like(cols, -1)).amax(-1) if kv else \
-            torch.full((b, q), -1, dtype=torch.long, device=visible.device)
-        first = torch.where(visible, cols, torch.full_like(cols, kv)).amin(-1) if kv else last
+        # first / last visible column of each row (read only where the row sees a key): argmax returns the
+        # first maximal index, one pass over the uint8 flags (a where over [b, q, kv] longs is ~6x slower)
+        if kv:
+            first = flags.argmax(-1)
+            last = kv - 1 - flags.flip(-1).argmax(-1)
+        else:
+            last = first = torch.full((b, q), -1, dtype=torch.long, device=visible.device)
         qpos = torch.where(seen, kpos.gather(1, last.clamp_min(0)), torch.full_like(last, -1))
         start = torch.where(seen, kpos.gather(1, first.clamp(0, max(kv - 1, 0))).clamp_min(0),
                             torch.zeros_like(first))

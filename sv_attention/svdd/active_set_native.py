@@ -34,6 +34,7 @@ SOURCE = r"""
 
 typedef struct {
     const void *gram; int is_double; int64_t G, n, pstride, ld;
+    const int64_t *slot; int64_t slot_stride; const double *diag; const uint8_t *active; uint8_t *need;
     const uint8_t *mask; uint8_t *margin, *error;
     double C; int64_t steps; double tol, ridge, settled_factor; int64_t pivot_backup;
     const double *start;
@@ -41,18 +42,22 @@ typedef struct {
     int64_t next; int failed;
 } job_t;
 
-/* one problem's Gram [n, n] (rows ld elements apart: a view into a larger Gram needs no copy), float32 or
-   float64, read in float64 */
-typedef struct { const float *f; const double *d; int64_t n, ld; } gram_t;
+/* one problem's Gram [n, n], float32 or float64, read in float64: row i is stored at row slot[i] (a lazy
+   row store; slot NULL: row i) of a buffer whose rows are ld elements apart (a view into a larger Gram
+   needs no copy). Only the rows of margin and error keys are read. */
+typedef struct { const float *f; const double *d; int64_t n, ld; const int64_t *slot; } gram_t;
+
+static inline int64_t krow(const gram_t *K, int64_t i) { return K->slot ? K->slot[i] : i; }
 
 static inline double kat(const gram_t *K, int64_t i, int64_t j) {
-    return K->d ? K->d[i * K->ld + j] : (double)K->f[i * K->ld + j];
+    int64_t r = krow(K, i);
+    return K->d ? K->d[r * K->ld + j] : (double)K->f[r * K->ld + j];
 }
 
-static void add_row(const gram_t *K, int64_t r, double c, double *acc) {  /* acc += c K[r, :] */
-    const int64_t n = K->n;
-    if (K->d) { const double *row = K->d + r * K->ld; for (int64_t i = 0; i < n; i++) acc[i] += c * row[i]; }
-    else { const float *row = K->f + r * K->ld; for (int64_t i = 0; i < n; i++) acc[i] += c * (double)row[i]; }
+static void add_row(const gram_t *K, int64_t i, double c, double *acc) {  /* acc += c K[i, :] */
+    const int64_t n = K->n, r = krow(K, i);
+    if (K->d) { const double *row = K->d + r * K->ld; for (int64_t j = 0; j < n; j++) acc[j] += c * row[j]; }
+    else { const float *row = K->f + r * K->ld; for (int64_t j = 0; j < n; j++) acc[j] += c * (double)row[j]; }
 }
 
 typedef struct { double *L, *aS, *z1, *z2, *hs, *Kc, *KE, *diag; int64_t *S, *E, *pos; uint8_t *viol; } work_t;
@@ -128,7 +133,7 @@ static void chol_remove(double *L, int64_t m, int64_t ld, int64_t p, double *x) 
 static void solve_one(job_t *jb, work_t *w, int64_t p) {
     const int64_t n = jb->n;
     const double C = jb->C, tol = jb->tol, ridge = jb->ridge;
-    gram_t K = {NULL, NULL, n, jb->ld};
+    gram_t K = {NULL, NULL, n, jb->ld, jb->slot ? jb->slot + p * jb->slot_stride : NULL};
     if (jb->is_double) K.d = (const double *)jb->gram + p * jb->pstride;
     else K.f = (const float *)jb->gram + p * jb->pstride;
     const uint8_t *mask = jb->mask + p * n;
@@ -141,7 +146,11 @@ static void solve_one(job_t *jb, work_t *w, int64_t p) {
     /* factored: w->L is the factor of the margin block in the slot order w->S and w->KE = K 1_E, both kept
        across steps by updates while few keys move; fresh: both were computed from scratch */
     int factored = 0, fresh = 0;
-    for (int64_t i = 0; i < n; i++) { mar[i] &= mask[i]; err[i] &= mask[i]; w->diag[i] = kat(&K, i, i); }
+    int need = 0;  /* a key without a stored row must join the margin: stop, the caller adds its row */
+    for (int64_t i = 0; i < n; i++) {
+        mar[i] &= mask[i]; err[i] &= mask[i];
+        w->diag[i] = jb->diag ? jb->diag[p * n + i] : kat(&K, i, i);
+    }
     for (;;) {
         int64_t ne = 0;
         for (int64_t i = 0; i < n; i++) ne += err[i];
@@ -228,6 +237,8 @@ static void solve_one(job_t *jb, work_t *w, int64_t p) {
         }
         /* few moves: update the factor (O(|S|^2) each) and K 1_E instead of recomputing them */
         int update = factored && !known && 8 * moves <= ns + 8;
+        if (K.slot)
+            for (int64_t i = 0; i < n; i++) if (w->viol[i] == 1 && K.slot[i] < 0) { need = 1; update = 0; }
         for (int64_t i = 0; i < n; i++) {  /* margin keys leave first */
             if (w->viol[i] < 2) continue;
             mar[i] = 0; err[i] = w->viol[i] == 3;
@@ -252,13 +263,15 @@ static void solve_one(job_t *jb, work_t *w, int64_t p) {
         if (update) fresh = 0;
         else factored = 0;
         run++;
+        if (need) { settled = 0; break; }
     }
     double *alpha = jb->alpha + p * n;
     for (int64_t i = 0; i < n; i++)
         alpha[i] = (mar[i] && w->pos[i] >= 0 && w->pos[i] < ns) ? w->aS[w->pos[i]] : (err[i] ? C : 0.0);
     jb->rho[p] = rho;
-    jb->settled[p] = (uint8_t)(settled && ok);
+    jb->settled[p] = (uint8_t)(settled && ok && !need);
     jb->solves[p] = solves;
+    if (jb->need) jb->need[p] = (uint8_t)need;
 }
 
 static void *worker(void *arg) {
@@ -278,7 +291,7 @@ static void *worker(void *arg) {
         for (;;) {
             int64_t p = __atomic_fetch_add(&jb->next, 1, __ATOMIC_SEQ_CST);
             if (p >= jb->G) break;
-            solve_one(jb, &w, p);
+            if (!jb->active || jb->active[p]) solve_one(jb, &w, p);
         }
     }
     free(w.L); free(vec); free(idx); free(w.viol);
@@ -286,11 +299,12 @@ static void *worker(void *arg) {
 }
 
 int sv_active_set(const void *gram, int is_double, int64_t G, int64_t n, int64_t pstride, int64_t ld,
-                  const uint8_t *mask, uint8_t *margin,
+                  const int64_t *slot, int64_t slot_stride, const double *diag, const uint8_t *active,
+                  uint8_t *need, const uint8_t *mask, uint8_t *margin,
                   uint8_t *error, double C, int64_t steps, double tol, double ridge, double settled_factor,
                   int64_t pivot_backup, const double *start, double *alpha, double *g, double *rho,
                   uint8_t *settled, int64_t *solves, int64_t threads) {
-    job_t jb = {gram, is_double, G, n, pstride, ld, mask, margin, error, C, steps, tol, ridge, settled_factor, pivot_backup,
+    job_t jb = {gram, is_double, G, n, pstride, ld, slot, slot_stride, diag, active, need, mask, margin, error, C, steps, tol, ridge, settled_factor, pivot_backup,
                 start, alpha, g, rho, settled, solves, 0, 0};
     if (threads > G) threads = G;
     if (threads < 1) threads = 1;
@@ -315,27 +329,44 @@ def kernel() -> ctypes.CDLL | None:
     lib = load_kernel(NAME, SOURCE)
     if lib is not None and not getattr(lib, "_sv_typed", False):
         lib.sv_active_set.restype = ctypes.c_int
-        lib.sv_active_set.argtypes = [_ptr, ctypes.c_int, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _f64, _i64, _f64, _f64, _f64,
+        lib.sv_active_set.argtypes = [_ptr, ctypes.c_int, _i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _f64, _i64, _f64, _f64, _f64,
                                       _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64]
         lib._sv_typed = True
     return lib
 
 
+#: Kernel calls on a lazy row store before problems still asking for rows are left unsettled (each call stops a
+#: problem at the first move of a key whose row is not stored; the rows are then computed and it resumes).
+LAZY_ROUNDS = 16
+
+
+def _is_lazy(gram: object) -> bool:
+    parent = getattr(gram, "parent", None)
+    return parent is not None and hasattr(parent, "store") and hasattr(parent, "slot") and hasattr(parent, "_ensure")
+
+
 def supports(gram: object) -> bool:
-    """Whether the kernel can run on ``gram``: a dense CPU float32 / float64 Tensor without autograd."""
+    """Whether the kernel can run on ``gram``: a dense CPU float32 / float64 Tensor ``[G, n, n]`` without autograd,
+    or a lazy row provider over such keys (:class:`sv_attention.svdd.gram_rows.LazyPrefix`)."""
+    if _is_lazy(gram):
+        keys = gram.parent.keys
+        return keys.device.type == "cpu" and keys.dtype in (torch.float32, torch.float64)
     return (isinstance(gram, torch.Tensor) and gram.device.type == "cpu" and gram.dtype in (torch.float32, torch.float64)
             and not gram.requires_grad and gram.dim() == 3)
 
 
-def run_active_set(lib: ctypes.CDLL, gram: torch.Tensor, mask: torch.Tensor, margin: torch.Tensor,
+def run_active_set(lib: ctypes.CDLL, gram, mask: torch.Tensor, margin: torch.Tensor,
                    error: torch.Tensor, C: float, steps: int, tol: float, ridge: float, settled_factor: float,
                    pivot_backup: int, start_alpha: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """One kernel call on ``G`` problems.
+    """The kernel on ``G`` problems.
 
     Parameters
     ----------
     gram : Tensor ``[G, n, n]``  dense, CPU, float32 or float64; any strides with contiguous rows (a slice of a
-        larger Gram is read in place)
+        larger Gram is read in place); or a :class:`~sv_attention.svdd.gram_rows.LazyPrefix`: the kernel reads
+        its stored rows in place, and a problem that must move a key whose row is not stored stops; the rows
+        of its margin and error keys are then computed and it resumes from that partition (at most
+        :data:`LAZY_ROUNDS` calls; a problem still waiting is returned unsettled)
     mask, margin, error : bool Tensor ``[G, n]``  valid keys and the starting partition
     C, steps, tol, ridge : as :func:`sv_attention.svdd.warm_fit.active_set_fit`
     settled_factor : float  the known-start test's bound is ``settled_factor * tol * max(1, sqrt(n))``
@@ -345,26 +376,52 @@ def run_active_set(lib: ctypes.CDLL, gram: torch.Tensor, mask: torch.Tensor, mar
     Returns
     -------
     dict with ``alpha [G, n]``, ``g [G, n]``, ``rho [G]`` (float64), ``margin``, ``error`` (bool ``[G, n]``,
-    the final partition), ``settled`` (bool ``[G]``) and ``solves`` (long ``[G]``)
+    the final partition), ``settled`` (bool ``[G]``) and ``solves`` (long ``[G]``, summed over the calls)
     """
     G, n, _ = gram.shape
-    if gram.stride(2) != 1:  # rows must be contiguous; a view with other problem / row strides is read in place
+    lazy = _is_lazy(gram)
+    if not lazy and gram.stride(2) != 1:  # rows must be contiguous; other problem / row strides are read in place
         gram = gram.contiguous()
     u8 = {name: t.to(torch.uint8).contiguous().clone() for name, t in (("margin", margin), ("error", error))}
     mask_u8 = mask.to(torch.uint8).contiguous()
     start = None if start_alpha is None else start_alpha.to(torch.float64).contiguous()
-    alpha = torch.empty(G, n, dtype=torch.float64)
-    g = torch.empty(G, n, dtype=torch.float64)
-    rho = torch.empty(G, dtype=torch.float64)
-    settled = torch.empty(G, dtype=torch.uint8)
-    solves = torch.empty(G, dtype=torch.int64)
-    failed = lib.sv_active_set(gram.data_ptr(), int(gram.dtype == torch.float64), G, n, gram.stride(0),
-                               gram.stride(1), mask_u8.data_ptr(),
-                               u8["margin"].data_ptr(), u8["error"].data_ptr(), float(C), int(steps), float(tol),
-                               float(ridge), float(settled_factor), int(pivot_backup),
-                               None if start is None else start.data_ptr(), alpha.data_ptr(), g.data_ptr(),
-                               rho.data_ptr(), settled.data_ptr(), solves.data_ptr(), torch.get_num_threads())
-    if failed:
-        raise MemoryError("sv_active_set: the kernel could not allocate its workspace")
+    alpha = torch.zeros(G, n, dtype=torch.float64)
+    g = torch.zeros(G, n, dtype=torch.float64)
+    rho = torch.zeros(G, dtype=torch.float64)
+    settled = torch.zeros(G, dtype=torch.uint8)
+    solves = torch.zeros(G, dtype=torch.int64)
+    total = torch.zeros(G, dtype=torch.int64)
+    need = torch.zeros(G, dtype=torch.uint8)
+    active: torch.Tensor | None = None
+    diag = gram.diagonal().to(torch.float64).contiguous() if lazy else None
+    for _ in range(LAZY_ROUNDS if lazy else 1):
+        if lazy:
+            # the rows of every margin and error key (of the problems that run) are stored before the call
+            from sv_attention.svdd.polish import pack_members
+
+            members = (u8["margin"] | u8["error"]).bool()
+            if active is not None:
+                members &= active.bool()[:, None]
+            order, _, _ = pack_members(members)
+            if order.shape[1]:
+                gram.parent._ensure(order)
+            store, slot = gram.parent.store, gram.parent.slot  # (the store may have grown: read after _ensure)
+            buf, pstride, ld = store, store.stride(0), store.stride(1)
+            slot_ptr, slot_stride = slot.data_ptr(), slot.stride(0)
+        else:
+            buf, pstride, ld, slot_ptr, slot_stride = gram, gram.stride(0), gram.stride(1), None, 0
+        failed = lib.sv_active_set(buf.data_ptr(), int(buf.dtype == torch.float64), G, n, pstride, ld, slot_ptr,
+                                   slot_stride, None if diag is None else diag.data_ptr(),
+                                   None if active is None else active.data_ptr(), need.data_ptr(),
+                                   mask_u8.data_ptr(), u8["margin"].data_ptr(), u8["error"].data_ptr(), float(C),
+                                   int(steps), float(tol), float(ridge), float(settled_factor), int(pivot_backup),
+                                   None if start is None else start.data_ptr(), alpha.data_ptr(), g.data_ptr(),
+                                   rho.data_ptr(), settled.data_ptr(), solves.data_ptr(), torch.get_num_threads())
+        if failed:
+            raise MemoryError("sv_active_set: the kernel could not allocate its workspace")
+        total += solves if active is None else solves * active
+        if not lazy or not bool(need.any()):
+            break
+        active, start = need.clone(), None  # the waiting problems resume from their partition (no known start)
     return {"alpha": alpha, "g": g, "rho": rho, "margin": u8["margin"].bool(), "error": u8["error"].bool(),
-            "settled": settled.bool(), "solves": solves}
+            "settled": settled.bool() & ~need.bool(), "solves": total}

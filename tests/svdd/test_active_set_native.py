@@ -201,3 +201,32 @@ def test_a_slice_of_a_larger_gram_is_read_in_place_with_the_same_result():
     a = active_set_fit(view, mask, mask.clone(), torch.zeros_like(mask), **kw)
     b = active_set_fit(view.contiguous(), mask, mask.clone(), torch.zeros_like(mask), **kw)
     assert a.settled.all() and torch.equal(a.alpha, b.alpha) and torch.equal(a.margin, b.margin)
+
+
+def test_a_lazy_row_store_is_read_in_place_and_grown_on_demand_with_the_dense_result():
+    """Decoding fits read Gram rows on demand (LazyRBFGram): the kernel stops a problem when a key without a
+    stored row must join the margin, its rows are computed, it resumes; results equal the dense kernel and
+    the torch loop on the same lazy Gram, and only a fraction of the rows is ever computed."""
+    from sv_attention.svdd.gram_rows import LazyRBFGram
+
+    gen = torch.Generator().manual_seed(14)
+    keys = torch.randn(4, 320, 8, generator=gen, dtype=torch.float64)
+    sigma = median_bandwidth(keys)
+    s = 256
+    dense = rbf_gram(keys[:, :s], sigma=sigma[:, None, None])
+    G = keys.shape[0]
+    mask = torch.ones(G, s, dtype=torch.bool)
+    kw = dict(C=C, steps=256, tol=polish_tol(keys.dtype), ridge=polish_ridge(keys.dtype))
+    prev = active_set_fit(dense[:, :192, :192], mask[:, :192], mask[:, :192].clone(), torch.zeros_like(mask[:, :192]),
+                          engine="native", **kw).alpha
+    start = torch.nn.functional.pad(prev, (0, s - 192))
+    margin, error = partition_from_alpha(start, C)
+    lazy = LazyRBFGram(keys, sigma).prefix(s)
+    fast = active_set_fit(lazy, mask, margin, error, start_alpha=start, engine="native", **kw)
+    ref = active_set_fit(LazyRBFGram(keys, sigma).prefix(s), mask, margin, error, start_alpha=start, engine="torch",
+                         **kw)
+    full = active_set_fit(dense, mask, margin, error, start_alpha=start, engine="native", **kw)
+    assert fast.engine == "native" and fast.settled.all() and ref.settled.all()
+    assert torch.equal(fast.margin, full.margin) and torch.equal(fast.margin, ref.margin)
+    assert (fast.alpha - full.alpha).abs().max() < 1e-12 and (fast.alpha - ref.alpha).abs().max() < 1e-12
+    assert 0 < lazy.parent.rows_computed < G * s // 2
