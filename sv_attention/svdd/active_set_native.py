@@ -342,7 +342,7 @@ LAZY_ROUNDS = 16
 
 def _is_lazy(gram: object) -> bool:
     parent = getattr(gram, "parent", None)
-    return parent is not None and hasattr(parent, "store") and hasattr(parent, "slot") and hasattr(parent, "_ensure")
+    return parent is not None and hasattr(parent, "store") and hasattr(parent, "slot") and hasattr(gram, "ensure")
 
 
 def supports(gram: object) -> bool:
@@ -404,7 +404,7 @@ def run_active_set(lib: ctypes.CDLL, gram, mask: torch.Tensor, margin: torch.Ten
                 members &= active.bool()[:, None]
             order, _, _ = pack_members(members)
             if order.shape[1]:
-                gram.parent._ensure(order)
+                gram.ensure(order)
             store, slot = gram.parent.store, gram.parent.slot  # (the store may have grown: read after _ensure)
             buf, pstride, ld = store, store.stride(0), store.stride(1)
             slot_ptr, slot_stride = slot.data_ptr(), slot.stride(0)
