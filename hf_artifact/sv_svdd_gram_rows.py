@@ -27,20 +27,30 @@ class LazyRBFGram:
     ----------
     keys : Tensor ``[G, N, d]``
     sigma : Tensor ``[G]`` (or broadcastable to it)  bandwidth per problem
+    capacity : int  rows per problem the store holds before it first grows (it doubles when full)
 
     Attributes
     ----------
     rows_computed : int  rows computed so far (all problems), for accounting
     """
 
-    def __init__(self, keys: torch.Tensor, sigma: torch.Tensor) -> None:
+    def __init__(self, keys: torch.Tensor, sigma: torch.Tensor, capacity: int = 256) -> None:
         self.keys = keys.detach()
         G, N, _ = self.keys.shape
         self.sigma = sigma.detach().reshape(-1).to(keys.dtype).expand(G).contiguous()
         self.slot = torch.full((G, N), -1, dtype=torch.long, device=keys.device)
         self.filled = torch.zeros(G, dtype=torch.long, device=keys.device)
-        self.store = self.keys.new_empty(G, 0, N)
+        self.store = self.keys.new_empty(G, min(max(int(capacity), 0), N), N)
         self.rows_computed = 0
+
+    def reserve(self, capacity: int) -> None:
+        """Grow the store to at least ``capacity`` rows per problem (kept rows and slots unchanged)."""
+        G, N, _ = self.keys.shape
+        capacity = min(int(capacity), N)
+        if capacity > self.store.shape[1]:
+            grown = self.keys.new_empty(G, capacity, N)
+            grown[:, : self.store.shape[1]] = self.store
+            self.store = grown
 
     def prefix(self, s: int) -> LazyPrefix:
         """The Gram of the first ``s`` keys of every problem (sharing this object's stored rows)."""
@@ -65,12 +75,14 @@ class LazyRBFGram:
             rows.scatter_(2, order[:, :, None], 1.0)  # a key against itself: exactly 1, as rbf_gram's diagonal
             need = int((self.filled + count).max())
             if need > self.store.shape[1]:
-                grown = self.keys.new_empty(G, max(need, 2 * self.store.shape[1], 16), N)
-                grown[:, : self.store.shape[1]] = self.store
-                self.store = grown
+                self.reserve(max(need, 2 * self.store.shape[1], 16))
             dest = self.filled[:, None] + torch.arange(mm, device=index.device)[None, :]  # [G, mm]
             g_idx, i_idx = used.nonzero(as_tuple=True)  # only the packed slots that hold a missing key
-            self.store[g_idx, dest[g_idx, i_idx]] = rows[g_idx, i_idx]
+            # whole rows moved by index_select / index_copy_ on the flattened [problems * rows, N] views (row
+            # copies; advanced indexing of [G, m, N] costs ~20x more on CPU)
+            cap = self.store.shape[1]
+            picked = rows.reshape(G * mm, N).index_select(0, g_idx * mm + i_idx)
+            self.store.view(G * cap, N).index_copy_(0, g_idx * cap + dest[g_idx, i_idx], picked)
             self.slot[g_idx, order[g_idx, i_idx]] = dest[g_idx, i_idx]
             self.filled += count
             self.rows_computed += int(count.sum())
@@ -100,6 +112,13 @@ class LazyPrefix:
     def diagonal(self) -> torch.Tensor:
         """``K_ii`` ``[G, s]`` (exactly 1 for the RBF kernel)."""
         return torch.ones(self.parent.keys.shape[0], self.s, dtype=self.dtype, device=self.device)
+
+    def ensure(self, index: torch.Tensor) -> None:
+        """Compute and store the rows ``index [G, m]`` that are not stored yet (no copy is returned: a reader of
+        the store, the native active-set kernel, reads them in place through ``parent.slot``)."""
+        if index.numel() and int(index.max()) >= self.s:
+            raise IndexError(f"row index {int(index.max())} outside the prefix of {self.s} keys")
+        self.parent._ensure(index)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Rows ``K[g, index[g, i], :s]`` ``[G, m, s]`` (indices must be ``< s``)."""

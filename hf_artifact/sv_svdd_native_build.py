@@ -27,7 +27,8 @@ import warnings
 from pathlib import Path
 
 #: compiler flags (the kernels are plain C99 with pthreads; -ffast-math is never used: NaN checks matter)
-CFLAGS = ("-O3", "-march=native", "-std=c99", "-fPIC", "-shared", "-pthread")
+CFLAGS = ("-O3", "-march=native", "-std=c99", "-fPIC", "-shared", "-pthread", "-fno-math-errno", "-fno-trapping-math",
+          "-fno-signed-zeros", "-fassociative-math")
 #: environment switch: ``0`` / ``false`` / ``off`` disables the native kernels
 ENV_SWITCH = "SV_ATTENTION_NATIVE"
 

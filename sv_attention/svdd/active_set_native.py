@@ -34,7 +34,10 @@ SOURCE = r"""
 
 typedef struct {
     const void *gram; int is_double; int64_t G, n, pstride, ld;
-    const int64_t *slot; int64_t slot_stride; const double *diag; const uint8_t *active; uint8_t *need;
+    int64_t *slot; int64_t slot_stride; const double *diag; const uint8_t *active; uint8_t *need;
+    /* a lazy RBF row store: rows are computed here from the keys [G, N, kd] and sigma^2 [G] into free store rows
+       (filled [G] of cap), slot[i] set; keys NULL: every needed row is already stored */
+    const void *keys; int64_t k_pstride, k_ld, kd, N; const double *s2; int64_t *filled; int64_t cap;
     const uint8_t *mask; uint8_t *margin, *error;
     double C; int64_t steps; double tol, ridge, settled_factor; int64_t pivot_backup;
     const double *start;
@@ -44,8 +47,69 @@ typedef struct {
 
 /* one problem's Gram [n, n], float32 or float64, read in float64: row i is stored at row slot[i] (a lazy
    row store; slot NULL: row i) of a buffer whose rows are ld elements apart (a view into a larger Gram
-   needs no copy). Only the rows of margin and error keys are read. */
-typedef struct { const float *f; const double *d; int64_t n, ld; const int64_t *slot; } gram_t;
+   needs no copy). Only the rows of margin and error keys are read. A lazy store with keys computes a
+   missing row (all N columns, as sv_attention.svdd.gram_rows.LazyRBFGram stores them) on first use. */
+typedef struct {
+    const float *f; const double *d; int64_t n, ld; int64_t *slot;
+    const float *kf; const double *kdb; int64_t kld, kd, N; double s2; int64_t *filled; int64_t cap; double *kn;
+} gram_t;
+
+/* exp(x) for x <= 0 in float (Cephes' expf polynomial after reduction by ln 2, vectorisable, relative error
+   ~1e-7 like float32's own rounding); x below -87 gives ~1e-38 */
+static inline float exp_neg_f(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } u;
+    u.i = ((int32_t)n + 127) << 23;
+    return p * u.f;
+}
+
+/* the RBF row of key i, exp(-max(|k_i|^2 + |k_j|^2 - 2 k_i.k_j, 0) / sigma^2) for j < N (1 at j = i), into a
+   free store row; 0 on success, 1 when the store is full */
+static int compute_row(gram_t *K, int64_t i) {
+    if (*K->filled >= K->cap) return 1;
+    int64_t r = (*K->filled)++;
+    const int64_t N = K->N, kd = K->kd;
+    const double inv = 1.0 / K->s2;
+    if (K->kdb) {
+        const double *ki = K->kdb + i * K->kld;
+        double *row = (double *)K->d + r * K->ld;
+        for (int64_t j = 0; j < N; j++) {
+            const double *kj = K->kdb + j * K->kld;
+            double dot = 0.0;
+            for (int64_t t = 0; t < kd; t++) dot += ki[t] * kj[t];
+            double d2 = K->kn[i] + K->kn[j] - 2.0 * dot;
+            row[j] = exp(-(d2 > 0.0 ? d2 : 0.0) * inv);
+        }
+        row[i] = 1.0;
+    } else {
+        const float *ki = K->kf + i * K->kld;
+        float *row = (float *)K->f + r * K->ld;
+        for (int64_t j = 0; j < N; j++) {
+            const float *kj = K->kf + j * K->kld;
+            float dot = 0.0f;
+            for (int64_t t = 0; t < kd; t++) dot += ki[t] * kj[t];
+            row[j] = (float)(K->kn[i] + K->kn[j]) - 2.0f * dot;
+        }
+        const float fi = (float)inv;
+        for (int64_t j = 0; j < N; j++) row[j] = exp_neg_f(-(row[j] > 0.0f ? row[j] : 0.0f) * fi);
+        row[i] = 1.0f;
+    }
+    K->slot[i] = r;
+    return 0;
+}
+
+/* make row i available (computing it into a lazy store when the keys are given); 0 on success */
+static inline int ensure_row(gram_t *K, int64_t i) {
+    if (!K->slot || K->slot[i] >= 0) return 0;
+    if (!K->kf && !K->kdb) return 1;
+    return compute_row(K, i);
+}
 
 static inline int64_t krow(const gram_t *K, int64_t i) { return K->slot ? K->slot[i] : i; }
 
@@ -60,7 +124,7 @@ static void add_row(const gram_t *K, int64_t i, double c, double *acc) {  /* acc
     else { const float *row = K->f + r * K->ld; for (int64_t j = 0; j < n; j++) acc[j] += c * (double)row[j]; }
 }
 
-typedef struct { double *L, *aS, *z1, *z2, *hs, *Kc, *KE, *diag; int64_t *S, *E, *pos; uint8_t *viol; } work_t;
+typedef struct { double *L, *aS, *z1, *z2, *hs, *Kc, *KE, *diag, *kn; int64_t *S, *E, *pos; uint8_t *viol; } work_t;
 
 /* Cholesky factor of the margin block, lower triangle, row-major with leading dimension ld; 0 on success */
 static int chol(double *L, int64_t m, int64_t ld) {
@@ -133,9 +197,23 @@ static void chol_remove(double *L, int64_t m, int64_t ld, int64_t p, double *x) 
 static void solve_one(job_t *jb, work_t *w, int64_t p) {
     const int64_t n = jb->n;
     const double C = jb->C, tol = jb->tol, ridge = jb->ridge;
-    gram_t K = {NULL, NULL, n, jb->ld, jb->slot ? jb->slot + p * jb->slot_stride : NULL};
+    gram_t K = {NULL, NULL, n, jb->ld, jb->slot ? jb->slot + p * jb->slot_stride : NULL,
+                NULL, NULL, jb->k_ld, jb->kd, jb->N, 0.0, NULL, jb->cap, w->kn};
     if (jb->is_double) K.d = (const double *)jb->gram + p * jb->pstride;
     else K.f = (const float *)jb->gram + p * jb->pstride;
+    if (jb->keys) {  /* squared norms of the keys, for the rows computed here */
+        if (jb->is_double) K.kdb = (const double *)jb->keys + p * jb->k_pstride;
+        else K.kf = (const float *)jb->keys + p * jb->k_pstride;
+        K.s2 = jb->s2[p]; K.filled = jb->filled + p;
+        for (int64_t j = 0; j < jb->N; j++) {
+            double s = 0.0;
+            for (int64_t t = 0; t < jb->kd; t++) {
+                double x = K.kdb ? K.kdb[j * K.kld + t] : (double)K.kf[j * K.kld + t];
+                s += x * x;
+            }
+            w->kn[j] = s;
+        }
+    }
     const uint8_t *mask = jb->mask + p * n;
     uint8_t *mar = jb->margin + p * n, *err = jb->error + p * n;
     const double *start = jb->start ? jb->start + p * n : NULL;
@@ -156,7 +234,12 @@ static void solve_one(job_t *jb, work_t *w, int64_t p) {
         for (int64_t i = 0; i < n; i++) ne += err[i];
         if (!factored) {  /* margin slots in index order, K 1_E summed anew */
             ns = 0;
-            for (int64_t i = 0; i < n; i++) { w->pos[i] = -1; if (mar[i]) { w->pos[i] = ns; w->S[ns++] = i; } }
+            for (int64_t i = 0; i < n; i++) {
+                w->pos[i] = -1;
+                if ((mar[i] || err[i]) && ensure_row(&K, i)) need = 1;
+                if (mar[i]) { w->pos[i] = ns; w->S[ns++] = i; }
+            }
+            if (need) { settled = 0; break; }
             memset(w->KE, 0, (size_t)n * sizeof(double));
             for (int64_t i = 0; i < n; i++) if (err[i]) add_row(&K, i, 1.0, w->KE);
         }
@@ -238,7 +321,7 @@ static void solve_one(job_t *jb, work_t *w, int64_t p) {
         /* few moves: update the factor (O(|S|^2) each) and K 1_E instead of recomputing them */
         int update = factored && !known && 8 * moves <= ns + 8;
         if (K.slot)
-            for (int64_t i = 0; i < n; i++) if (w->viol[i] == 1 && K.slot[i] < 0) { need = 1; update = 0; }
+            for (int64_t i = 0; i < n; i++) if (w->viol[i] == 1 && ensure_row(&K, i)) { need = 1; update = 0; }
         for (int64_t i = 0; i < n; i++) {  /* margin keys leave first */
             if (w->viol[i] < 2) continue;
             mar[i] = 0; err[i] = w->viol[i] == 3;
@@ -280,9 +363,10 @@ static void *worker(void *arg) {
     work_t w;
     w.L = malloc((size_t)n * (size_t)n * sizeof(double));
     double *vec = malloc(8 * (size_t)n * sizeof(double));
+    w.kn = malloc((size_t)(jb->N > 0 ? jb->N : 1) * sizeof(double));
     int64_t *idx = malloc(3 * (size_t)n * sizeof(int64_t));
     w.viol = malloc((size_t)n);
-    if (!w.L || !vec || !idx || !w.viol) {
+    if (!w.L || !vec || !idx || !w.viol || !w.kn) {
         __atomic_store_n(&jb->failed, 1, __ATOMIC_SEQ_CST);
     } else {
         w.aS = vec; w.z1 = vec + n; w.z2 = vec + 2 * n; w.hs = vec + 3 * n; w.Kc = vec + 4 * n;
@@ -294,17 +378,19 @@ static void *worker(void *arg) {
             if (!jb->active || jb->active[p]) solve_one(jb, &w, p);
         }
     }
-    free(w.L); free(vec); free(idx); free(w.viol);
+    free(w.L); free(vec); free(idx); free(w.viol); free(w.kn);
     return NULL;
 }
 
 int sv_active_set(const void *gram, int is_double, int64_t G, int64_t n, int64_t pstride, int64_t ld,
-                  const int64_t *slot, int64_t slot_stride, const double *diag, const uint8_t *active,
-                  uint8_t *need, const uint8_t *mask, uint8_t *margin,
+                  int64_t *slot, int64_t slot_stride, const double *diag, const uint8_t *active,
+                  uint8_t *need, const void *keys, int64_t k_pstride, int64_t k_ld, int64_t kd, int64_t N,
+                  const double *s2, int64_t *filled, int64_t cap, const uint8_t *mask, uint8_t *margin,
                   uint8_t *error, double C, int64_t steps, double tol, double ridge, double settled_factor,
                   int64_t pivot_backup, const double *start, double *alpha, double *g, double *rho,
                   uint8_t *settled, int64_t *solves, int64_t threads) {
-    job_t jb = {gram, is_double, G, n, pstride, ld, slot, slot_stride, diag, active, need, mask, margin, error, C, steps, tol, ridge, settled_factor, pivot_backup,
+    job_t jb = {gram, is_double, G, n, pstride, ld, slot, slot_stride, diag, active, need, keys, k_pstride, k_ld, kd,
+                N, s2, filled, cap, mask, margin, error, C, steps, tol, ridge, settled_factor, pivot_backup,
                 start, alpha, g, rho, settled, solves, 0, 0};
     if (threads > G) threads = G;
     if (threads < 1) threads = 1;
@@ -329,7 +415,8 @@ def kernel() -> ctypes.CDLL | None:
     lib = load_kernel(NAME, SOURCE)
     if lib is not None and not getattr(lib, "_sv_typed", False):
         lib.sv_active_set.restype = ctypes.c_int
-        lib.sv_active_set.argtypes = [_ptr, ctypes.c_int, _i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _f64, _i64, _f64, _f64, _f64,
+        lib.sv_active_set.argtypes = [_ptr, ctypes.c_int, _i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr,
+                                      _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _f64, _i64, _f64, _f64, _f64,
                                       _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64]
         lib._sv_typed = True
     return lib
@@ -394,25 +481,28 @@ def run_active_set(lib: ctypes.CDLL, gram, mask: torch.Tensor, margin: torch.Ten
     need = torch.zeros(G, dtype=torch.uint8)
     active: torch.Tensor | None = None
     diag = gram.diagonal().to(torch.float64).contiguous() if lazy else None
+    if lazy:
+        parent = gram.parent
+        keys = parent.keys if parent.keys.stride(-1) == 1 else parent.keys.contiguous()
+        s2 = (parent.sigma.to(torch.float64) ** 2).contiguous()
+        if keys.dtype != parent.store.dtype:
+            raise TypeError("run_active_set: the lazy store and its keys must share a dtype")
     for _ in range(LAZY_ROUNDS if lazy else 1):
         if lazy:
-            # the rows of every margin and error key (of the problems that run) are stored before the call
-            from sv_attention.svdd.polish import pack_members
-
-            members = (u8["margin"] | u8["error"]).bool()
-            if active is not None:
-                members &= active.bool()[:, None]
-            order, _, _ = pack_members(members)
-            if order.shape[1]:
-                gram.ensure(order)
-            store, slot = gram.parent.store, gram.parent.slot  # (the store may have grown: read after _ensure)
+            # the kernel computes the missing rows into the free rows of the store; a full store stops the problems
+            # that need more (need), the store doubles and they resume from their partition
+            store, slot = parent.store, parent.slot
+            filled_before = parent.filled.clone()
+            key_args = (keys.data_ptr(), keys.stride(0), keys.stride(1), keys.shape[2], keys.shape[1], s2.data_ptr(),
+                        parent.filled.data_ptr(), store.shape[1])
             buf, pstride, ld = store, store.stride(0), store.stride(1)
             slot_ptr, slot_stride = slot.data_ptr(), slot.stride(0)
         else:
+            key_args = (None, 0, 0, 0, 0, None, None, 0)
             buf, pstride, ld, slot_ptr, slot_stride = gram, gram.stride(0), gram.stride(1), None, 0
         failed = lib.sv_active_set(buf.data_ptr(), int(buf.dtype == torch.float64), G, n, pstride, ld, slot_ptr,
                                    slot_stride, None if diag is None else diag.data_ptr(),
-                                   None if active is None else active.data_ptr(), need.data_ptr(),
+                                   None if active is None else active.data_ptr(), need.data_ptr(), *key_args,
                                    mask_u8.data_ptr(), u8["margin"].data_ptr(), u8["error"].data_ptr(), float(C),
                                    int(steps), float(tol), float(ridge), float(settled_factor), int(pivot_backup),
                                    None if start is None else start.data_ptr(), alpha.data_ptr(), g.data_ptr(),
@@ -420,8 +510,12 @@ def run_active_set(lib: ctypes.CDLL, gram, mask: torch.Tensor, margin: torch.Ten
         if failed:
             raise MemoryError("sv_active_set: the kernel could not allocate its workspace")
         total += solves if active is None else solves * active
-        if not lazy or not bool(need.any()):
+        if not lazy:
             break
+        parent.rows_computed += int((parent.filled - filled_before).sum())
+        if not bool(need.any()):
+            break
+        parent.reserve(2 * parent.store.shape[1])
         active, start = need.clone(), None  # the waiting problems resume from their partition (no known start)
     return {"alpha": alpha, "g": g, "rho": rho, "margin": u8["margin"].bool(), "error": u8["error"].bool(),
             "settled": settled.bool() & ~need.bool(), "solves": total}

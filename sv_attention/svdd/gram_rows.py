@@ -41,6 +41,15 @@ class LazyRBFGram:
         self.store = self.keys.new_empty(G, min(max(int(capacity), 0), N), N)
         self.rows_computed = 0
 
+    def reserve(self, capacity: int) -> None:
+        """Grow the store to at least ``capacity`` rows per problem (kept rows and slots unchanged)."""
+        G, N, _ = self.keys.shape
+        capacity = min(int(capacity), N)
+        if capacity > self.store.shape[1]:
+            grown = self.keys.new_empty(G, capacity, N)
+            grown[:, : self.store.shape[1]] = self.store
+            self.store = grown
+
     def prefix(self, s: int) -> LazyPrefix:
         """The Gram of the first ``s`` keys of every problem (sharing this object's stored rows)."""
         if not 0 < s <= self.keys.shape[1]:
@@ -64,9 +73,7 @@ class LazyRBFGram:
             rows.scatter_(2, order[:, :, None], 1.0)  # a key against itself: exactly 1, as rbf_gram's diagonal
             need = int((self.filled + count).max())
             if need > self.store.shape[1]:
-                grown = self.keys.new_empty(G, max(need, 2 * self.store.shape[1], 16), N)
-                grown[:, : self.store.shape[1]] = self.store
-                self.store = grown
+                self.reserve(max(need, 2 * self.store.shape[1], 16))
             dest = self.filled[:, None] + torch.arange(mm, device=index.device)[None, :]  # [G, mm]
             g_idx, i_idx = used.nonzero(as_tuple=True)  # only the packed slots that hold a missing key
             # whole rows moved by index_select / index_copy_ on the flattened [problems * rows, N] views (row

@@ -230,3 +230,32 @@ def test_a_lazy_row_store_is_read_in_place_and_grown_on_demand_with_the_dense_re
     assert torch.equal(fast.margin, full.margin) and torch.equal(fast.margin, ref.margin)
     assert (fast.alpha - full.alpha).abs().max() < 1e-12 and (fast.alpha - ref.alpha).abs().max() < 1e-12
     assert 0 < lazy.parent.rows_computed < G * s // 2
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_rows_computed_by_the_kernel_equal_the_rbf_gram_and_a_full_store_grows(dtype, tol):
+    """The kernel computes missing rows of a LazyRBFGram itself (the RBF formula of
+    sv_attention.kernels.rbf_gram, its reference); a store that fills up is doubled and the waiting
+    problems resume."""
+    from sv_attention.svdd.gram_rows import LazyRBFGram
+
+    gen = torch.Generator().manual_seed(15)
+    keys = torch.randn(3, 200, 8, generator=gen, dtype=torch.float64).to(dtype)
+    sigma = median_bandwidth(keys)
+    parent = LazyRBFGram(keys, sigma, capacity=4)
+    G, n = 3, 160
+    mask = torch.ones(G, n, dtype=torch.bool)
+    fit = active_set_fit(parent.prefix(n), mask, mask.clone(), torch.zeros_like(mask), C, 256, polish_tol(dtype),
+                         polish_ridge(dtype), engine="native")
+    dense = rbf_gram(keys[:, :n], sigma=sigma[:, None, None])
+    ref = active_set_fit(dense, mask, mask.clone(), torch.zeros_like(mask), C, 256, polish_tol(dtype),
+                         polish_ridge(dtype), engine="native")
+    assert fit.settled.all() and torch.equal(fit.margin, ref.margin)
+    assert (fit.alpha - ref.alpha).abs().max() < 10 * tol
+    assert parent.store.shape[1] > 4 and parent.rows_computed == int(parent.filled.sum())
+    full = rbf_gram(keys, sigma=sigma[:, None, None])
+    for p in range(G):
+        stored = (parent.slot[p] >= 0).nonzero().flatten()
+        assert len(stored) >= (fit.margin[p] | fit.error[p]).sum()
+        rows = parent.store[p, parent.slot[p, stored]]
+        assert (rows - full[p, stored]).abs().max() < tol
