@@ -51,3 +51,15 @@ def test_overlapping_scopes_of_two_threads_restore_the_original_setting(two_thre
     ta.start(), tb.start()
     ta.join(10), tb.join(10)
     assert torch.get_num_threads() == 2
+
+
+def test_outer_threads_reads_the_setting_from_outside_every_scope(two_threads):
+    from sv_attention.threads import outer_threads
+
+    before = torch.get_num_threads()
+    assert before == 2 and outer_threads() == before
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1 and outer_threads() == before
+        with torch_threads(1):
+            assert outer_threads() == before
+    assert outer_threads() == torch.get_num_threads() == before
