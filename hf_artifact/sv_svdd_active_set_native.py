@@ -7,7 +7,8 @@ the same steps here (the bordered solve of the margin block through a Cholesky f
 ``2 K_SS + ridge I``, the KKT gradient, the move rules, the block-principal-pivoting safeguard, the
 first step read off a known start), but each problem iterates on its own in float64, so a problem that
 settles in 3 steps costs 3 steps however slow its batch neighbours are, and a step costs a few
-microseconds instead of ~100 torch calls. The problems are shared out over ``threads`` POSIX threads.
+microseconds instead of ~100 torch calls. The problems are shared out over POSIX threads, as many as
+torch's intra-op threads outside the gate's one-thread scope (:func:`sv_attention.threads.outer_threads`).
 
 Differences from the torch loop, all in the direction of accuracy: arithmetic is float64 whatever the
 Gram's dtype (the move tolerance ``tol`` is the caller's, so decisions are the same up to rounding); the
@@ -24,6 +25,7 @@ import ctypes
 import torch
 
 from .sv_svdd_native_build import load_kernel
+from .sv_threads import outer_threads
 
 NAME = "sv_active_set"
 
@@ -508,7 +510,7 @@ def run_active_set(lib: ctypes.CDLL, gram, mask: torch.Tensor, margin: torch.Ten
                                    mask_u8.data_ptr(), u8["margin"].data_ptr(), u8["error"].data_ptr(), float(C),
                                    int(steps), float(tol), float(ridge), float(settled_factor), int(pivot_backup),
                                    None if start is None else start.data_ptr(), alpha.data_ptr(), g.data_ptr(),
-                                   rho.data_ptr(), settled.data_ptr(), solves.data_ptr(), torch.get_num_threads())
+                                   rho.data_ptr(), settled.data_ptr(), solves.data_ptr(), outer_threads())
         if failed:
             raise MemoryError("sv_active_set: the kernel could not allocate its workspace")
         total += solves if active is None else solves * active

@@ -3,7 +3,7 @@
 """Build and load a small C kernel (source held in a Python module) through the system C compiler and ctypes.
 
 The source is compiled once per machine into ``$SV_ATTENTION_CACHE`` (default
-``~/.cache/sv_attention/native``), in a folder named by the hash of the source, the flags, the compiler
+``~/.cache/sv_attention/native``; the system temp folder when that is not writable), in a folder named by the hash of the source, the flags, the compiler
 and the CPU model (``-march=native`` code is never loaded on another CPU), and loaded with
 :mod:`ctypes` (whose foreign calls release the GIL). No torch headers and no build tool are needed:
 one ``cc`` call, well under a second.
@@ -57,6 +57,11 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def compiler() -> str | None:
+    """The C compiler the kernels are built with (``$CC``, ``cc``, ``gcc`` or ``clang``), or None."""
+    return _compiler()
+
+
 def _compiler() -> str | None:
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if name and shutil.which(name):
@@ -105,9 +110,14 @@ def _build(name: str, source: str) -> ctypes.CDLL:
     digest = hashlib.sha256("\0".join((source, " ".join(CFLAGS), cc, _cpu_model(), platform.machine()))
                             .encode()).hexdigest()[:16]
     folder = cache_dir() / f"{name}-{digest}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home: the system temp folder, one per user
+        user = getattr(os, "getuid", lambda: 0)()
+        folder = Path(tempfile.gettempdir()) / f"sv_attention-native-{user}" / f"{name}-{digest}"
+        folder.mkdir(parents=True, exist_ok=True)
     lib_path = folder / f"{name}.so"
     if not lib_path.exists():
-        folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
             src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
             src.write_text(source)

@@ -54,3 +54,11 @@ def torch_threads(n: int | None) -> Iterator[None]:
         with _LOCK:
             del _ACTIVE[scope]
             torch.set_num_threads(next(reversed(_ACTIVE.values())) if _ACTIVE else _BEFORE[0])
+
+
+def outer_threads() -> int:
+    """torch's intra-op thread count outside every active :func:`torch_threads` scope (the caller's setting):
+    what a kernel that schedules its own threads (the native active-set fit, one parallel region per call)
+    may use inside a scope that lowered torch's count for chains of small torch operations."""
+    with _LOCK:
+        return _BEFORE[0] if _ACTIVE else torch.get_num_threads()

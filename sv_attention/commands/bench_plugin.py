@@ -148,6 +148,8 @@ def run_bench(contexts: list[int], new_tokens: int, hidden: int, layers: int, he
             })
     bar.close()
     stats_after = gate_stats()
+    profile = _profile_sv_prefill(model, impls, max(contexts), gen) if any(
+        impl == "sv_attention" for _, impl, _ in impls) else None
     # what the sv_attention gate did during the timed runs (fits, fallbacks, dense / lazy Gram calls)
     sv_gate = {k: v - stats_before.get(k, 0) for k, v in stats_after.items() if v != stats_before.get(k, 0)}
     sv_gate.setdefault("warm_pdas_fallback", 0)
@@ -172,9 +174,74 @@ def run_bench(contexts: list[int], new_tokens: int, hidden: int, layers: int, he
         "contexts": contexts, "new_tokens": new_tokens, "repeats": repeats, "sv_repeats": min(repeats, sv_repeats),
         "timing": "min over repeats (interleaved: every implementation once per repeat)",
         "rows": rows, "targets": targets, "sv_gate_stats": sv_gate, "torch_threads": torch.get_num_threads(),
+        "profile_sv_prefill": profile,
         "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0]},
         "note": "a loaded machine makes these ratios noisy: compare load_average_1m with the core count",
     }
+
+
+def _profile_sv_prefill(model, impls, context: int, gen) -> dict[str, Any]:
+    """Where an sv_attention prefill of ``context`` tokens spends its time: one profiled prefill (after the timed
+    runs, so its gate counters stay out of ``sv_gate_stats``), with the labels of ``bench step``."""
+    import torch
+
+    import sv_attention
+    from sv_attention.commands.bench_step import profile_call
+
+    name, impl, kw = next(t for t in impls if t[1] == "sv_attention")
+    ids = torch.randint(0, 256, (1, context), generator=gen)
+    sv_attention.enable(model, impl, **kw)
+    with torch.no_grad():
+        rows = profile_call(lambda: model(ids), "rest (embeddings, projections, MLP, head)")
+        sv_attention.hf.reset_state(model)
+        timed, replayed = _time_with_gates_replayed(lambda: model(ids))
+        sv_attention.hf.reset_state(model)
+        sv_attention.enable(model, "sdpa")
+        t0 = time.perf_counter()
+        model(ids)
+        sdpa_s = time.perf_counter() - t0
+    return {"context": context, "implementation": name, "rows": rows, "prefill_s": timed,
+            "prefill_s_gates_replayed": replayed, "sdpa_prefill_s": sdpa_s,
+            "gates_replayed_time_ratio_to_sdpa": replayed / sdpa_s,
+            "note": "gates replayed: the boundary fits return the gates of the call before (same input), so the "
+                    "time is the prefill without its fits: a floor for any faster fit"}
+
+
+def _time_with_gates_replayed(call) -> tuple[float, float]:
+    """Seconds of ``call()`` as is, then with every boundary fit (``fit_cold`` / ``fit_from`` of the SV gate)
+    returning what it returned in that first call, in call order (the same input gives the same fits): the
+    cost of everything but the fits."""
+    from sv_attention.ops.sv_gate import gate as gate_module
+
+    recorded: list = []
+    originals = {name: getattr(gate_module, name) for name in ("fit_cold", "fit_from")}
+    mode = {"replay": False, "next": 0}
+
+    def wrap(fn):
+        def fit(*args, **kwargs):
+            if mode["replay"]:
+                out = recorded[mode["next"]]
+                mode["next"] += 1
+                return out
+            out = fn(*args, **kwargs)
+            recorded.append(out)
+            return out
+        return fit
+
+    try:
+        for name, fn in originals.items():
+            setattr(gate_module, name, wrap(fn))
+        t0 = time.perf_counter()
+        call()
+        timed = time.perf_counter() - t0
+        mode["replay"] = True
+        t0 = time.perf_counter()
+        call()
+        replayed = time.perf_counter() - t0
+    finally:
+        for name, fn in originals.items():
+            setattr(gate_module, name, fn)
+    return timed, replayed
 
 
 def run(args: argparse.Namespace) -> int:
@@ -192,6 +259,13 @@ def run(args: argparse.Namespace) -> int:
     print("(x sdpa = time ratio to sdpa, lower is faster; ==sdpa: last prefill logits bitwise equal to sdpa)")
     la = payload["load_average_1m"]
     print(f"load average (1 min) before/after: {la['before']:.1f} / {la['after']:.1f} on {os.cpu_count()} cores")
+    if payload.get("profile_sv_prefill"):
+        prof = payload["profile_sv_prefill"]
+        print(f"\nwhere an sv_attention prefill of {prof['context']} tokens spends its time (one profiled call)")
+        for r in prof["rows"]:
+            print(f"{r['label']:<42} {r['ms']:>8.1f} {r['share']:>7.1%}")
+        print(f"prefill {prof['prefill_s']:.3f} s; with the gates replayed (no fits) {prof['prefill_s_gates_replayed']:.3f} s "
+              f"= {prof['gates_replayed_time_ratio_to_sdpa']:.2f}x sdpa ({prof['sdpa_prefill_s']:.3f} s)")
     for label, t in payload["targets"].items():
         print(f"target: {label}: worst {t['worst_time_ratio']:.2f}x -> {'met' if t['met'] else 'NOT met'}")
     path = write_result("bench_plugin", payload, args.json)

@@ -115,14 +115,15 @@ def train_step(model: Any, idx: Any) -> float:
     return float(loss.detach())
 
 
-def profile_step(model: Any, idx: Any) -> list[dict[str, Any]]:
-    """Profile one step; rows ``{"label", "ms", "share"}`` for the SV labels and the whole step."""
-    import torch
+def profile_call(fn: Any, rest_label: str, total_label: str = "total (profiled call)") -> list[dict[str, Any]]:
+    """Profile one call of ``fn()``; rows ``{"label", "ms", "share"}`` for the SV labels
+    (:data:`PROFILE_LABELS`), the rest (``rest_label``: what is not under ``sv.gate`` / ``sv.readout``) and the
+    whole call (``total_label``)."""
     from torch.profiler import ProfilerActivity, profile
 
     t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        train_step(model, idx)
+        fn()
     total_ms = (time.perf_counter() - t0) * 1e3
     agg: dict[str, float] = {}
     for ev in prof.key_averages():
@@ -131,11 +132,16 @@ def profile_step(model: Any, idx: Any) -> list[dict[str, Any]]:
     rows = [{"label": lab, "ms": round(agg.get(lab, 0.0), 2),
              "share": round(agg.get(lab, 0.0) / total_ms, 4) if total_ms > 0 else 0.0} for lab in PROFILE_LABELS]
     gate = agg.get("sv.gate", 0.0) + agg.get("sv.readout", 0.0)
-    rows.append({"label": "rest (projections, MLP, backward, ...)", "ms": round(total_ms - gate, 2),
+    rows.append({"label": rest_label, "ms": round(total_ms - gate, 2),
                  "share": round(1 - gate / total_ms, 4) if total_ms > 0 else 0.0})
-    rows.append({"label": "total (profiled step)", "ms": round(total_ms, 2), "share": 1.0})
-    del torch
+    rows.append({"label": total_label, "ms": round(total_ms, 2), "share": 1.0})
     return rows
+
+
+def profile_step(model: Any, idx: Any) -> list[dict[str, Any]]:
+    """Profile one training step (:func:`profile_call`)."""
+    return profile_call(lambda: train_step(model, idx), "rest (projections, MLP, backward, ...)",
+                        "total (profiled step)")
 
 
 #: The model `make demo` trains (sv_attention.train.quickstart defaults), measured as the second row.

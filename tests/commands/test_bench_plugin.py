@@ -24,5 +24,11 @@ def test_bench_plugin_smallest_setting(tmp_path, capsys):
     assert "provenance" in data
     stats = data["sv_gate_stats"]  # what the gate did in the timed runs (context 20, chunk 8: 1 layer fits)
     assert "warm_pdas_fallback" in stats and stats.get("dense_gram_calls", 0) + stats.get("lazy_gram_calls", 0) > 0
+    prof = data["profile_sv_prefill"]  # one profiled prefill, then the same prefill with its fits replayed
+    labels = {r["label"]: r for r in prof["rows"]}
+    assert prof["context"] == 20 and labels["sv.gate"]["ms"] > 0 and labels["total (profiled call)"]["share"] == 1.0
+    assert sum(r["share"] for r in prof["rows"] if r["label"] in ("sv.gate", "sv.readout")) <= 1.0 + 1e-6
+    assert 0 < prof["prefill_s_gates_replayed"] and prof["gates_replayed_time_ratio_to_sdpa"] == (
+        prof["prefill_s_gates_replayed"] / prof["sdpa_prefill_s"])
     printed = capsys.readouterr().out
-    assert "sv_attention" in printed and "target:" in printed
+    assert "sv_attention" in printed and "target:" in printed and "gates replayed" in printed
