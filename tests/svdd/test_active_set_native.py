@@ -275,3 +275,17 @@ def test_rows_computed_by_the_kernel_equal_the_rbf_gram_and_a_full_store_grows(d
         assert len(stored) >= (fit.margin[p] | fit.error[p]).sum()
         rows = parent.store[p, parent.slot[p, stored]]
         assert (rows - full[p, stored]).abs().max() < tol
+
+
+@needs_kernel
+def test_non_finite_grams_leave_their_problem_unsettled_and_the_others_exact():
+    """A NaN or inf entry (a broken key) ends that problem unsettled (the caller's fallback refits it); the
+    kernel neither crashes nor spreads it to the batch's other problems."""
+    gram = _gram(16, G=3, n=40)
+    gram[0, 3, 5] = gram[0, 5, 3] = float("nan")
+    gram[1] = float("inf")
+    G, n, _ = gram.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    ref, fast = _both(gram, mask, mask.clone(), torch.zeros_like(mask))
+    assert fast.settled.tolist() == [False, False, True] and ref.settled[2]
+    assert (fast.alpha[2] - ref.alpha[2]).abs().max() < 1e-12
