@@ -361,29 +361,123 @@ static void solve_one(job_t *jb, work_t *w, int64_t p) {
     if (jb->need) jb->need[p] = (uint8_t)need;
 }
 
+static int work_alloc(work_t *w, int64_t n, int64_t N) {  /* 0 on success */
+    w->L = malloc((size_t)n * (size_t)n * sizeof(double));
+    w->aS = malloc(8 * (size_t)n * sizeof(double));
+    w->kn = malloc((size_t)(N > 0 ? N : 1) * sizeof(double));
+    w->S = malloc(3 * (size_t)n * sizeof(int64_t));
+    w->viol = malloc((size_t)n);
+    if (!w->L || !w->aS || !w->kn || !w->S || !w->viol) return 1;
+    w->z1 = w->aS + n; w->z2 = w->aS + 2 * n; w->hs = w->aS + 3 * n; w->Kc = w->aS + 4 * n;
+    w->KE = w->aS + 5 * n; w->diag = w->aS + 6 * n;
+    w->E = w->S + n; w->pos = w->S + 2 * n;
+    return 0;
+}
+
+static void work_free(work_t *w) { free(w->L); free(w->aS); free(w->kn); free(w->S); free(w->viol); }
+
 static void *worker(void *arg) {
     job_t *jb = (job_t *)arg;
-    const int64_t n = jb->n;
     work_t w;
-    w.L = malloc((size_t)n * (size_t)n * sizeof(double));
-    double *vec = malloc(8 * (size_t)n * sizeof(double));
-    w.kn = malloc((size_t)(jb->N > 0 ? jb->N : 1) * sizeof(double));
-    int64_t *idx = malloc(3 * (size_t)n * sizeof(int64_t));
-    w.viol = malloc((size_t)n);
-    if (!w.L || !vec || !idx || !w.viol || !w.kn) {
+    if (work_alloc(&w, jb->n, jb->N)) {
         __atomic_store_n(&jb->failed, 1, __ATOMIC_SEQ_CST);
     } else {
-        w.aS = vec; w.z1 = vec + n; w.z2 = vec + 2 * n; w.hs = vec + 3 * n; w.Kc = vec + 4 * n;
-        w.KE = vec + 5 * n; w.diag = vec + 6 * n;
-        w.S = idx; w.E = idx + n; w.pos = idx + 2 * n;
         for (;;) {
             int64_t p = __atomic_fetch_add(&jb->next, 1, __ATOMIC_SEQ_CST);
             if (p >= jb->G) break;
             if (!jb->active || jb->active[p]) solve_one(jb, &w, p);
         }
     }
-    free(w.L); free(vec); free(idx); free(w.viol); free(w.kn);
+    work_free(&w);
     return NULL;
+}
+
+static int run_threads(void *(*fn)(void *), void *arg, int64_t units, int64_t threads) {
+    if (threads > units) threads = units;
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
+    pthread_t tid[64];
+    int64_t started = 0;
+    for (int64_t t = 1; t < threads; t++) {
+        if (pthread_create(&tid[t], NULL, fn, arg) != 0) break;
+        started = t;
+    }
+    fn(arg);
+    for (int64_t t = 1; t <= started; t++) pthread_join(tid[t], NULL);
+    return 0;
+}
+
+/* A chain of boundaries s_0 < s_1 < ... of a dense Gram [G, N, N] (rows ld apart): boundary b solves the
+   problem of the first s_b keys, started from boundary b - 1's gate (its partition, the new keys in reserve,
+   the gate as the known start; boundary 0: the given partition and start). */
+typedef struct {
+    job_t base;  /* the shared settings; its per-problem arrays are unused */
+    int64_t B; const int64_t *bounds; const uint8_t *ones;
+    uint8_t *margins, *errors;  /* [G, B, N] the final partition of every boundary */
+} chain_t;
+
+static void *chain_worker(void *arg) {
+    chain_t *ch = (chain_t *)arg;
+    job_t *jb = &ch->base;
+    const int64_t N = jb->N, B = ch->B;
+    work_t w;
+    double *st = malloc((size_t)(N > 0 ? N : 1) * sizeof(double));
+    if (work_alloc(&w, N, N) || !st) {
+        __atomic_store_n(&jb->failed, 1, __ATOMIC_SEQ_CST);
+        work_free(&w);
+        free(st);
+        return NULL;
+    }
+    /* the partition of a previous gate, read as sv_attention.svdd.warm_fit.partition_from_alpha reads it from
+       the gate the boundary-by-boundary path hands on (clamped at 0, in the Gram's dtype) */
+    const double at_c = jb->is_double ? jb->C * (1.0 - 1e-6) : (double)(float)(jb->C * (1.0 - 1e-6));
+    for (;;) {
+        int64_t p = __atomic_fetch_add(&jb->next, 1, __ATOMIC_SEQ_CST);
+        if (p >= jb->G) break;
+        uint8_t *mar = jb->margin + p * N, *err = jb->error + p * N;
+        for (int64_t b = 0; b < B; b++) {
+            int64_t q = p * B + b;
+            job_t sub = *jb;  /* one problem: the first s_b keys of problem p */
+            sub.G = 1; sub.n = ch->bounds[b]; sub.N = 0; sub.keys = NULL; sub.slot = NULL; sub.diag = NULL;
+            sub.active = NULL; sub.need = NULL;
+            sub.gram = jb->is_double ? (const void *)((const double *)jb->gram + p * jb->pstride)
+                                     : (const void *)((const float *)jb->gram + p * jb->pstride);
+            sub.mask = ch->ones; sub.margin = mar; sub.error = err;
+            if (b == 0) sub.start = jb->start ? jb->start + p * N : NULL;
+            else {
+                const double *prev = jb->alpha + (q - 1) * N;
+                for (int64_t i = 0; i < N; i++) {
+                    double a = prev[i] > 0.0 ? prev[i] : 0.0;
+                    if (!jb->is_double) a = (double)(float)a;
+                    st[i] = a;
+                    err[i] = a >= at_c;
+                    mar[i] = a > 0.0 && !err[i];
+                }
+                sub.start = st;
+            }
+            sub.alpha = jb->alpha + q * N; sub.g = jb->g + q * N;
+            sub.rho = jb->rho + q; sub.settled = jb->settled + q; sub.solves = jb->solves + q;
+            solve_one(&sub, &w, 0);
+            memcpy(ch->margins + q * N, mar, (size_t)N);
+            memcpy(ch->errors + q * N, err, (size_t)N);
+        }
+    }
+    work_free(&w);
+    free(st);
+    return NULL;
+}
+
+int sv_active_set_chain(const void *gram, int is_double, int64_t G, int64_t N, int64_t pstride, int64_t ld,
+                        int64_t B, const int64_t *bounds, const uint8_t *ones, uint8_t *margin, uint8_t *error,
+                        double C, int64_t steps, double tol, double ridge, double settled_factor,
+                        int64_t pivot_backup, const double *start, double *alpha, double *g, double *rho,
+                        uint8_t *settled, int64_t *solves, uint8_t *margins, uint8_t *errors, int64_t threads) {
+    job_t base = {gram, is_double, G, N, pstride, ld, NULL, 0, NULL, NULL, NULL, NULL, 0, 0, 0, N, NULL, NULL, 0,
+                  ones, margin, error, C, steps, tol, ridge, settled_factor, pivot_backup, start, alpha, g, rho,
+                  settled, solves, 0, 0};
+    chain_t ch = {base, B, bounds, ones, margins, errors};
+    run_threads(chain_worker, &ch, G, threads);
+    return ch.base.failed;
 }
 
 int sv_active_set(const void *gram, int is_double, int64_t G, int64_t n, int64_t pstride, int64_t ld,
@@ -396,17 +490,7 @@ int sv_active_set(const void *gram, int is_double, int64_t G, int64_t n, int64_t
     job_t jb = {gram, is_double, G, n, pstride, ld, slot, slot_stride, diag, active, need, keys, k_pstride, k_ld, kd,
                 N, s2, filled, cap, mask, margin, error, C, steps, tol, ridge, settled_factor, pivot_backup,
                 start, alpha, g, rho, settled, solves, 0, 0};
-    if (threads > G) threads = G;
-    if (threads < 1) threads = 1;
-    if (threads > 64) threads = 64;
-    pthread_t tid[64];
-    int64_t started = 0;
-    for (int64_t t = 1; t < threads; t++) {
-        if (pthread_create(&tid[t], NULL, worker, &jb) != 0) break;
-        started = t;
-    }
-    worker(&jb);
-    for (int64_t t = 1; t <= started; t++) pthread_join(tid[t], NULL);
+    run_threads(worker, &jb, G, threads);
     return jb.failed;
 }
 """
@@ -422,6 +506,10 @@ def kernel() -> ctypes.CDLL | None:
         lib.sv_active_set.argtypes = [_ptr, ctypes.c_int, _i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr,
                                       _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _f64, _i64, _f64, _f64, _f64,
                                       _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64]
+        lib.sv_active_set_chain.restype = ctypes.c_int
+        lib.sv_active_set_chain.argtypes = [_ptr, ctypes.c_int, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr,
+                                            _f64, _i64, _f64, _f64, _f64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr,
+                                            _ptr, _ptr, _i64]
         lib._sv_typed = True
     return lib
 
@@ -523,3 +611,56 @@ def run_active_set(lib: ctypes.CDLL, gram, mask: torch.Tensor, margin: torch.Ten
         active, start = need.clone(), None  # the waiting problems resume from their partition (no known start)
     return {"alpha": alpha, "g": g, "rho": rho, "margin": u8["margin"].bool(), "error": u8["error"].bool(),
             "settled": settled.bool() & ~need.bool(), "solves": total}
+
+
+def run_active_set_chain(lib: ctypes.CDLL, gram: torch.Tensor, bounds: list[int], margin: torch.Tensor,
+                         error: torch.Tensor, C: float, steps: int, tol: float, ridge: float, settled_factor: float,
+                         pivot_backup: int, start_alpha: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """A chain of boundaries in one kernel call: boundary ``b`` solves the problem of the first ``bounds[b]``
+    keys, started from boundary ``b - 1``'s gate (clamped at 0 and rounded to the Gram's dtype, as the gate
+    the boundary-by-boundary path hands on; its partition by
+    :func:`~sv_attention.svdd.warm_fit.partition_from_alpha`, the new keys in reserve, the gate as the known
+    start), exactly what successive :func:`run_active_set` calls on ``gram[:, :s, :s]`` do, without a Python
+    round trip per boundary.
+
+    Parameters
+    ----------
+    gram : Tensor ``[G, N, N]``  dense CPU float32 / float64 with contiguous rows; ``N >= bounds[-1]``
+    bounds : list of int  increasing boundary sizes
+    margin, error : bool Tensor ``[G, N]``  the first boundary's starting partition (False past ``bounds[0]``)
+    start_alpha : Tensor ``[G, N]`` or None  its solution when known
+
+    Returns
+    -------
+    dict with ``alpha`` and ``g`` ``[G, B, N]`` (float64, zero past each boundary), ``rho``, ``solves``
+    ``[G, B]``, ``settled`` bool ``[G, B]``, ``margin`` / ``error`` bool ``[G, B, N]`` (each final partition)
+    """
+    G, N, _ = gram.shape
+    B = len(bounds)
+    if B == 0 or any(not 0 < a < b for a, b in zip(bounds, bounds[1:])) or bounds[0] < 1 or bounds[-1] > N:
+        raise ValueError(f"run_active_set_chain: bounds must increase within 1..{N}, got {bounds}")
+    if gram.stride(2) != 1:
+        gram = gram.contiguous()
+    first = torch.arange(N, device=gram.device) < bounds[0]
+    work = {name: (t & first).to(torch.uint8).contiguous().clone() for name, t in (("margin", margin), ("error", error))}
+    start = None if start_alpha is None else start_alpha.to(torch.float64).contiguous()
+    ones = torch.ones(N, dtype=torch.uint8)
+    bounds_t = torch.tensor(bounds, dtype=torch.int64)
+    alpha = torch.zeros(G, B, N, dtype=torch.float64)
+    g = torch.zeros(G, B, N, dtype=torch.float64)
+    rho = torch.zeros(G, B, dtype=torch.float64)
+    settled = torch.zeros(G, B, dtype=torch.uint8)
+    solves = torch.zeros(G, B, dtype=torch.int64)
+    margins = torch.zeros(G, B, N, dtype=torch.uint8)
+    errors = torch.zeros(G, B, N, dtype=torch.uint8)
+    failed = lib.sv_active_set_chain(gram.data_ptr(), int(gram.dtype == torch.float64), G, N, gram.stride(0),
+                                     gram.stride(1), B, bounds_t.data_ptr(), ones.data_ptr(),
+                                     work["margin"].data_ptr(), work["error"].data_ptr(), float(C), int(steps),
+                                     float(tol), float(ridge), float(settled_factor), int(pivot_backup),
+                                     None if start is None else start.data_ptr(), alpha.data_ptr(), g.data_ptr(),
+                                     rho.data_ptr(), settled.data_ptr(), solves.data_ptr(), margins.data_ptr(),
+                                     errors.data_ptr(), outer_threads())
+    if failed:
+        raise MemoryError("sv_active_set_chain: the kernel could not allocate its workspace")
+    return {"alpha": alpha, "g": g, "rho": rho, "settled": settled.bool(), "solves": solves,
+            "margin": margins.bool(), "error": errors.bool()}

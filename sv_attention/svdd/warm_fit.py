@@ -371,6 +371,34 @@ def fit_working_set(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, 
     return solve(gram, torch.ones(G, n, dtype=torch.bool, device=dev), C, init=init).alpha.clamp_min(0.0)
 
 
+def refit_unsettled(gram: GramLike, alpha: torch.Tensor, init: torch.Tensor, unsettled: torch.Tensor, C: float,
+                    new: int, *, solve: Solver, count: Counter = _no_count) -> torch.Tensor:
+    """``alpha [G, n]`` with the problems of ``unsettled`` (bool ``[G]``) refitted by the fallbacks of
+    :func:`fit_warm` (see there; counted as ``warm_pdas_fallback`` and by route), warm from ``init [G, n]``
+    (the previous boundary's gate, zero on the ``new`` last keys) when ``new > 0``."""
+    G, n, _ = gram.shape
+    bad = unsettled.nonzero().flatten()
+    count("warm_pdas_fallback", len(bad))
+    g_bad = _dense(gram, bad)  # the fallbacks solve the full problem
+    all_keys = torch.ones(len(bad), n, dtype=torch.bool, device=gram.device)
+    if new > 0 and isinstance(gram, torch.Tensor):
+        # a dense Gram (training, prefill): one warm-started full solve (finder from the previous gate,
+        # then the polish) costs less than the working-set rounds and needs no extra Gram rows
+        count("warm_full_fallback", len(bad))
+        refit = solve(g_bad, all_keys, C, init=init[bad]).alpha.clamp_min(0.0)
+    elif new > 0:  # Gram rows on demand (decoding, long contexts): solve on a working set of keys
+        refit = fit_working_set(g_bad, init[bad], C, new, solve=solve, count=count)
+        invalid = ((refit.sum(-1) - 1.0).abs() > 1e-4) | (refit.amax(-1) > C * (1.0 + 1e-4))
+        if bool(invalid.any()):
+            worse = invalid.nonzero().flatten()
+            count("warm_fallback_cold", len(worse))
+            cold = solve(g_bad[worse], all_keys[worse], C, init=None).alpha.clamp_min(0.0)
+            refit = refit.index_copy(0, worse, cold)
+    else:
+        refit = solve(g_bad, all_keys, C, init=None).alpha.clamp_min(0.0)
+    return alpha.index_copy(0, bad, refit.to(alpha.dtype))
+
+
 def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solve: Solver,
              count: Counter = _no_count, stat: str = "warm_fits") -> torch.Tensor:
     """Warm fit of full problems ``gram [G, n, n]`` (all keys valid; no autograd) from a previous gate.
@@ -407,24 +435,69 @@ def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solv
     alpha = fit.alpha.clamp_min(0.0)
     ok = fit.settled & (fit.violation <= SETTLED_FACTOR * tol)
     if not bool(ok.all()):
-        bad = (~ok).nonzero().flatten()
-        count("warm_pdas_fallback", len(bad))
-        g_bad = _dense(gram, bad)  # the fallbacks solve the full problem
-        all_keys = torch.ones(len(bad), n, dtype=torch.bool, device=gram.device)
-        if new > 0 and isinstance(gram, torch.Tensor):
-            # a dense Gram (training, prefill): one warm-started full solve (finder from the previous gate,
-            # then the polish) costs less than the working-set rounds and needs no extra Gram rows
-            count("warm_full_fallback", len(bad))
-            refit = solve(g_bad, all_keys, C, init=init[bad]).alpha.clamp_min(0.0)
-        elif new > 0:  # Gram rows on demand (decoding, long contexts): solve on a working set of keys
-            refit = fit_working_set(g_bad, init[bad], C, new, solve=solve, count=count)
-            invalid = ((refit.sum(-1) - 1.0).abs() > 1e-4) | (refit.amax(-1) > C * (1.0 + 1e-4))
-            if bool(invalid.any()):
-                worse = invalid.nonzero().flatten()
-                count("warm_fallback_cold", len(worse))
-                cold = solve(g_bad[worse], all_keys[worse], C, init=None).alpha.clamp_min(0.0)
-                refit = refit.index_copy(0, worse, cold)
-        else:
-            refit = solve(g_bad, all_keys, C, init=None).alpha.clamp_min(0.0)
-        alpha = alpha.index_copy(0, bad, refit)
+        alpha = refit_unsettled(gram, alpha, init, ~ok, C, new, solve=solve, count=count)
     return alpha
+
+
+def fit_chain(gram: torch.Tensor, bounds: list[int], init: torch.Tensor | None, C: float, *, solve: Solver,
+              count: Counter = _no_count) -> list[torch.Tensor] | None:
+    """The warm fits of consecutive boundaries in one native call, or None where the C kernel cannot run.
+
+    Boundary ``bounds[b]`` is the problem of the first ``bounds[b]`` keys of the dense ``gram [G, N, N]``;
+    it starts from the previous boundary's gate (its partition, the new keys in reserve, its solution as the
+    known start: what :func:`fit_warm` does boundary by boundary, without a Python round trip per boundary).
+    The first boundary starts from ``init [G, p]`` (the gate of ``p < bounds[0]`` keys) or, with ``init``
+    None, from every key on the margin (the cold start of :func:`sv_attention.ops.sv_gate.fit.fit_cold`).
+    Every boundary's result is accepted on the criterion of :func:`fit_warm` (settled, KKT violation
+    ``<= 10 tol``); a problem that fails it at a boundary is refitted there by :func:`refit_unsettled`, and
+    the rest of its chain is redone from the refitted gate (as the boundary-by-boundary path would).
+
+    Returns
+    -------
+    list of Tensor ``[G, bounds[b]]`` (the gram's dtype, ``>= 0``), or None (no native kernel for ``gram``)
+    """
+    from sv_attention.svdd.active_set_native import run_active_set_chain
+    from sv_attention.svdd.polish import kkt_violation, polish_ridge
+
+    lib = _native_kernel(gram, "auto")
+    if lib is None or not isinstance(gram, torch.Tensor):
+        return None
+    G, N, _ = gram.shape
+    B, dt, dev = len(bounds), gram.dtype, gram.device
+    tol = polish_tol(dt)
+    if init is None:
+        start = None
+        margin, error = torch.ones(G, N, dtype=torch.bool, device=dev), torch.zeros(G, N, dtype=torch.bool, device=dev)
+    else:
+        start = torch.nn.functional.pad(init.to(dt), (0, N - init.shape[1]))
+        margin, error = partition_from_alpha(start, C)
+    with torch.profiler.record_function("sv.active_set"):
+        r = run_active_set_chain(lib, gram, list(bounds), margin, error, float(C), NATIVE_PDAS_STEPS, tol,
+                                 polish_ridge(dt), SETTLED_FACTOR, PIVOT_BACKUP, start)
+    count("chain_fits", 1)
+    count("cold_pdas_fits" if init is None else "warm_fits", 1)
+    count("warm_fits", B - 1)
+    count("pdas_problems", G * B)
+    count("active_set_native", G * B)
+    alpha, g = r["alpha"].to(dt), r["g"].to(dt)
+    valid = (torch.arange(N, device=dev)[None, :] < torch.tensor(bounds, device=dev)[:, None]).expand(G, B, N)
+    violation = kkt_violation(alpha.reshape(G * B, N), g.reshape(G * B, N), valid.reshape(G * B, N),
+                              r["margin"].reshape(G * B, N), r["error"].reshape(G * B, N),
+                              torch.full((G * B,), float(C), dtype=dt, device=dev)).view(G, B)
+    ok = r["settled"] & (violation <= SETTLED_FACTOR * tol)
+    fitted = [alpha[:, b, :s].clamp_min(0.0) for b, s in enumerate(bounds)]
+    for b, s in enumerate(bounds):
+        if bool(ok[:, b].all()):
+            continue
+        bad = (~ok[:, b]).nonzero().flatten()
+        prev = init if b == 0 else fitted[b - 1]
+        new = 0 if prev is None else s - prev.shape[1]
+        init_b = fitted[b] if prev is None else torch.nn.functional.pad(prev.to(dt), (0, new))
+        fitted[b] = refit_unsettled(gram[:, :s, :s], fitted[b], init_b, ~ok[:, b], C, new, solve=solve, count=count)
+        if b + 1 < len(bounds):
+            # the chain went on from the unsettled partition: the rest of it is redone from the refitted gate
+            rest = fit_chain(gram[bad], bounds[b + 1:], fitted[b][bad], C, solve=solve, count=count)
+            for j, a in enumerate(rest):
+                fitted[b + 1 + j] = fitted[b + 1 + j].index_copy(0, bad, a)
+            ok[bad, b + 1:] = True
+    return fitted

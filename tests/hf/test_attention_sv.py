@@ -383,9 +383,18 @@ def test_gate_fits_run_single_threaded_and_restore_the_thread_count(monkeypatch)
             seen.append(torch.get_num_threads())
             return real(*args, **kw)
 
+        real_chain = sv_gate.fit_chain_from
+
+        def spy_chain(*args, **kw):
+            seen.append(torch.get_num_threads())
+            return real_chain(*args, **kw)
+
         monkeypatch.setattr(sv_gate, "fit_from", spy)
+        monkeypatch.setattr(sv_gate, "fit_chain_from", spy_chain)
+        sv_attention_forward(Mod(nu=0.5, chunk=6), q, k, v, causal(1, 20, 20)[:, None], scaling=0.5)  # one chain
+        monkeypatch.setattr(sv_gate, "CHAIN_MAX_PROBLEMS", 0)  # boundary by boundary
         sv_attention_forward(Mod(nu=0.5, chunk=6), q, k, v, causal(1, 20, 20)[:, None], scaling=0.5)
-        assert seen and set(seen) == {sv_gate.GATE_FIT_THREADS}
+        assert len(seen) >= 2 and set(seen) == {sv_gate.GATE_FIT_THREADS}
         assert torch.get_num_threads() == 2
 
         def boom(*args, **kw):

@@ -289,3 +289,62 @@ def test_non_finite_grams_leave_their_problem_unsettled_and_the_others_exact():
     ref, fast = _both(gram, mask, mask.clone(), torch.zeros_like(mask))
     assert fast.settled.tolist() == [False, False, True] and ref.settled[2]
     assert (fast.alpha[2] - ref.alpha[2]).abs().max() < 1e-12
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_chain_of_boundaries_in_one_call_equals_one_call_per_boundary(dtype):
+    """run_active_set_chain: boundary b starts from boundary b - 1's final partition and solution, as the
+    boundary-by-boundary fits do; the results are the same bits."""
+    from sv_attention.svdd import active_set_native as native
+
+    gram = _gram(17, G=4, n=256, dtype=dtype)
+    G, N, _ = gram.shape
+    bounds = [64, 128, 192, 256]
+    kw = dict(C=C, steps=256, tol=polish_tol(dtype), ridge=polish_ridge(dtype))
+    first = torch.arange(N) < bounds[0]
+    chain = native.run_active_set_chain(native.kernel(), gram, bounds, first.expand(G, N), torch.zeros(G, N, dtype=torch.bool),
+                                        kw["C"], kw["steps"], kw["tol"], kw["ridge"], 10.0, 3, None)
+    prev = None
+    for b, s in enumerate(bounds):
+        mask = torch.ones(G, s, dtype=torch.bool)
+        if prev is None:
+            fit = active_set_fit(gram[:, :s, :s], mask, mask.clone(), torch.zeros_like(mask), engine="native", **kw)
+        else:
+            start = torch.nn.functional.pad(prev, (0, s - prev.shape[1]))
+            fit = active_set_fit(gram[:, :s, :s], mask, *partition_from_alpha(start, C), start_alpha=start,
+                                 engine="native", **kw)
+        assert fit.settled.all() and torch.equal(chain["settled"][:, b], fit.settled)
+        assert torch.equal(chain["alpha"][:, b, :s].to(dtype), fit.alpha) and not chain["alpha"][:, b, s:].any()
+        assert torch.equal(chain["margin"][:, b, :s], fit.margin) and torch.equal(chain["error"][:, b, :s], fit.error)
+        prev = fit.alpha
+    with pytest.raises(ValueError, match="bounds"):
+        native.run_active_set_chain(native.kernel(), gram, [64, 64], first.expand(G, N), torch.zeros(G, N, dtype=torch.bool),
+                                    C, 8, 1e-9, 1e-10, 10.0, 3, None)
+
+
+@needs_kernel
+def test_fit_chain_refits_what_does_not_settle_and_equals_the_boundary_by_boundary_fits(monkeypatch):
+    """With a step budget too small to settle, the chain's unsettled boundaries go to the fallbacks of
+    fit_warm (counted) and every gate still equals the exact optimum."""
+    from sv_attention.svdd import warm_fit
+
+    gram = _gram(18, G=3, n=192)
+    G, N, _ = gram.shape
+    bounds = [64, 128, 192]
+    stats: dict[str, int] = {}
+
+    def count(key: str, k: int = 1) -> None:
+        stats[key] = stats.get(key, 0) + k
+
+    def solve(g, mask, C_, init=None):
+        return solve_batched(g, mask, C_, check_inputs=False, ridge=polish_ridge(g.dtype), init_alpha=init)
+
+    monkeypatch.setattr(warm_fit, "NATIVE_PDAS_STEPS", 1)
+    fitted = warm_fit.fit_chain(gram, bounds, None, C, solve=solve, count=count)
+    # a problem refitted at a boundary redoes the rest of its chain from the refitted gate (more chain calls)
+    assert stats["chain_fits"] >= 1 and stats["pdas_problems"] >= G * len(bounds)
+    assert stats["warm_pdas_fallback"] > 0
+    for s, a in zip(bounds, fitted):
+        exact = solve_batched(gram[:, :s, :s], torch.ones(G, s, dtype=torch.bool), C, ridge=0.0).alpha.clamp_min(0.0)
+        assert a.shape == (G, s) and (a - exact).abs().max() < 1e-5

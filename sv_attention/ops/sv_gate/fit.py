@@ -22,7 +22,7 @@ import warnings
 import torch
 
 from sv_attention.svdd.polish import fixed_partition_solve, polish_ridge
-from sv_attention.svdd.warm_fit import fit_warm, partition_from_alpha
+from sv_attention.svdd.warm_fit import fit_chain, fit_warm, partition_from_alpha
 
 #: Counters of what the gate did in this process (fits, solver statuses, reuse); see :func:`gate_stats`.
 STATS: dict[str, int] = {}
@@ -167,6 +167,31 @@ def fit_from(gram: torch.Tensor, previous: torch.Tensor, C: float, new: int, sol
     ``previous [G, n - new]``: ``alpha [G, n]``."""
     init = torch.nn.functional.pad(previous.to(gram.dtype), (0, new))
     return ensure_valid(gram, fit_warm(gram, init, C, new, solve=solve, count=count), C, solve=solve)
+
+
+def fit_chain_from(gram: torch.Tensor, bounds: list[int], previous: torch.Tensor | None, C: float,
+                   solve: CountingSolve) -> list[torch.Tensor] | None:
+    """Gates of the consecutive boundaries ``bounds`` of the dense ``gram [G, N, N]`` (all keys valid) in one
+    native call (:func:`sv_attention.svdd.warm_fit.fit_chain`): the same gates as :func:`fit_cold` /
+    :func:`fit_from` boundary by boundary, each checked by :func:`ensure_valid`. ``previous [G, p]``: the gate
+    the first boundary starts from (None: cold, every key on the margin).
+
+    Returns
+    -------
+    list of Tensor ``[G, bounds[b]]``, or None where the chain does not apply (no native kernel, the MLX
+    finder, a cold first boundary above :data:`COLD_PDAS_MAX_KEYS`): the caller fits boundary by boundary
+    """
+    if solve.backend == "mlx" or (previous is None and bounds[0] > COLD_PDAS_MAX_KEYS):
+        return None
+    fitted = fit_chain(gram, bounds, previous, C, solve=solve, count=count)
+    if fitted is None:
+        return None
+    G, N, _ = gram.shape
+    stacked = torch.stack([torch.nn.functional.pad(a, (0, N - a.shape[1])) for a in fitted], 1)  # [G, B, N]
+    bad = invalid_gates(stacked.reshape(G * len(bounds), N), C).view(G, len(bounds)).any(0)
+    for b in bad.nonzero().flatten().tolist():  # (feasibility of every boundary checked at once)
+        fitted[b] = ensure_valid(gram[:, : bounds[b], : bounds[b]], fitted[b], C, solve=solve)
+    return fitted
 
 
 def fit_masked(gram: torch.Tensor, mask: torch.Tensor, C: float, solve: CountingSolve) -> torch.Tensor:

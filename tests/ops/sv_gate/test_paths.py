@@ -228,3 +228,24 @@ def test_an_infeasible_fitted_gate_is_refitted_not_returned():
             return float(a @ k @ a - k.diagonal() @ a)
 
         assert obj(fixed[i]) <= obj(ref) + 1e-9  # the optimum (possibly another one among near-duplicates)
+
+
+def test_a_prefill_fitted_as_one_chain_equals_the_boundary_by_boundary_fits(monkeypatch):
+    """A prefill of few sequences fits all its boundaries in one native call (gate.CHAIN_MAX_PROBLEMS); the
+    outputs are the bits of the boundary-by-boundary path."""
+    from sv_attention.ops.sv_gate import gate as gate_module
+    from sv_attention.svdd import native_build
+
+    if native_build.compiler() is None:
+        pytest.skip("no C compiler: the native kernels cannot be built")
+    gen = torch.Generator().manual_seed(3)
+    b, g, h, n, d = 2, 2, 4, 8 * CHUNK, 8
+    k, v = keys_of("random", b, g, n, d, gen)
+    q = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    before = gate_stats().get("chain_fits", 0)
+    chained = sv_gate_attention(q, k, v, causal(b, n), SETTINGS).out
+    assert gate_stats().get("chain_fits", 0) == before + 1
+    monkeypatch.setattr(gate_module, "CHAIN_MAX_PROBLEMS", 0)
+    looped = sv_gate_attention(q, k, v, causal(b, n), SETTINGS).out
+    assert gate_stats().get("chain_fits", 0) == before + 1
+    assert torch.equal(chained, looped)
