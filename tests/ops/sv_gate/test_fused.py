@@ -95,3 +95,67 @@ def test_a_one_row_gate_tensor_is_read_by_every_row():
     assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match=r"\[b, g, 1, kv\]"):
         fused_gated_sdpa(query, key, value, visible, bias.expand(b, g, q, kv), 0.3)
+
+
+def _chunked_gate_bias(gen, b, g, q, chunk, warmup_chunks, dtype=torch.float64):
+    """The bias of a real causal gate: rows of chunk c read slot c - 1 (the gate of the keys before the chunk,
+    log 1 = 0 from the boundary on), the first ``warmup_chunks`` chunks the ungated slot; some reserve keys."""
+    n_chunks = -(-q // chunk)
+    slots = n_chunks - 1
+    table = torch.zeros(b, g, slots + 1, q, dtype=dtype)
+    slot = torch.full((b, q), slots)
+    for c in range(max(warmup_chunks, 1), n_chunks):
+        s = c * chunk
+        a = torch.rand(b, g, s, generator=gen, dtype=dtype)
+        a = torch.where(a < 0.2, torch.zeros_like(a), a)
+        table[:, :, c - 1, :s] = torch.log(a / a.sum(-1, keepdim=True))
+        slot[:, s:s + chunk] = c - 1
+    return GateBias(log_table=table, slot=slot, key_position=torch.arange(q).expand(b, q).contiguous())
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+@pytest.mark.parametrize("g,warmup", [(2, 1), (4, 2), (1, 3)])
+def test_a_long_causal_prefill_by_segments_equals_the_eager_readout(monkeypatch, dtype, tol, g, warmup):
+    """Without autograd, a long plain-causal call runs segment by segment (the earlier keys with the gate row,
+    the segment itself causally, merged by log-sum-exp); it equals the eager readout and the one fused call."""
+    from sv_attention.ops.sv_gate import fused
+
+    gen = torch.Generator().manual_seed(g * 10 + warmup)
+    b, h, q, d, chunk = 2, 4, 45, 6, 8  # a last chunk shorter than the others
+    query = torch.randn(b, h, q, d, generator=gen, dtype=dtype)
+    key = torch.randn(b, g, q, d, generator=gen, dtype=dtype)
+    value = torch.randn(b, g, q, d, generator=gen, dtype=dtype)
+    bias = _chunked_gate_bias(gen, b, g, q, chunk, warmup, dtype)
+    visible = _visible("causal", b, q, q)
+    ref, _ = grouped_attention(query, key, value, visible, bias.dense(), 0.4)
+    with torch.no_grad():
+        fused_once = fused_gated_sdpa(query, key, value, visible, bias, 0.4)
+        segments = fused._causal_by_segments(query, key, value, bias, 0.4)
+        monkeypatch.setattr(fused, "SEGMENTS_MIN_ROWS", 1)
+        routed = fused_gated_sdpa(query, key, value, visible, bias, 0.4)
+    assert segments is not None and torch.equal(routed, segments)
+    scale = ref.abs().max()
+    assert (segments - ref).abs().max() <= tol * scale and (fused_once - ref).abs().max() <= tol * scale
+
+
+def test_segments_are_refused_when_the_bias_is_not_a_chunked_gate(monkeypatch):
+    """Rows of one batch reading different slots, or a slot with a bias inside its own segment: the segment
+    path declines and the one fused call runs (still the eager readout)."""
+    from sv_attention.ops.sv_gate import fused
+
+    gen = torch.Generator().manual_seed(7)
+    b, h, g, q, d = 2, 4, 2, 24, 5
+    query = torch.randn(b, h, q, d, generator=gen, dtype=torch.float64)
+    key = torch.randn(b, g, q, d, generator=gen, dtype=torch.float64)
+    value = torch.randn(b, g, q, d, generator=gen, dtype=torch.float64)
+    visible = _visible("causal", b, q, q)
+    random_bias = _gate_bias(gen, b, g, q, q, slots=3)
+    assert fused._causal_by_segments(query, key, value, random_bias, 0.4) is None
+    chunked = _chunked_gate_bias(gen, b, g, q, 8, 1)
+    assert fused._causal_by_segments(query, key, value, chunked, 0.4) is not None
+    assert fused._causal_by_segments(query, key, value[..., :3], chunked, 0.4) is None  # another head size
+    monkeypatch.setattr(fused, "SEGMENTS_MIN_ROWS", 1)
+    with torch.no_grad():
+        out = fused_gated_sdpa(query, key, value, visible, random_bias, 0.4)
+    ref, _ = grouped_attention(query, key, value, visible, random_bias.dense(), 0.4)
+    assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
