@@ -231,8 +231,9 @@ def test_an_infeasible_fitted_gate_is_refitted_not_returned():
 
 
 def test_a_prefill_fitted_as_one_chain_equals_the_boundary_by_boundary_fits(monkeypatch):
-    """A prefill of few sequences fits all its boundaries in one native call (gate.CHAIN_MAX_PROBLEMS); the
-    outputs are the bits of the boundary-by-boundary path."""
+    """A prefill of few sequences fits all its boundaries in one native call (gate.CHAIN_MAX_PROBLEMS); on the
+    dense Gram the outputs are the bits of the boundary-by-boundary path, on the kernel's row store equal to
+    rounding."""
     from sv_attention.ops.sv_gate import gate as gate_module
     from sv_attention.svdd import native_build
 
@@ -243,9 +244,12 @@ def test_a_prefill_fitted_as_one_chain_equals_the_boundary_by_boundary_fits(monk
     k, v = keys_of("random", b, g, n, d, gen)
     q = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
     before = gate_stats().get("chain_fits", 0)
-    chained = sv_gate_attention(q, k, v, causal(b, n), SETTINGS).out
-    assert gate_stats().get("chain_fits", 0) == before + 1
+    chained = sv_gate_attention(q, k, v, causal(b, n), SETTINGS).out  # rows the kernel computes
+    monkeypatch.setattr(gate_module, "CHAIN_ROW_STORE", False)
+    chained_dense = sv_gate_attention(q, k, v, causal(b, n), SETTINGS).out  # the dense Gram
+    assert gate_stats().get("chain_fits", 0) == before + 2
     monkeypatch.setattr(gate_module, "CHAIN_MAX_PROBLEMS", 0)
     looped = sv_gate_attention(q, k, v, causal(b, n), SETTINGS).out
-    assert gate_stats().get("chain_fits", 0) == before + 1
-    assert torch.equal(chained, looped)
+    assert gate_stats().get("chain_fits", 0) == before + 2
+    assert torch.equal(chained_dense, looped)
+    assert rel(chained, looped) < 1e-10  # (the kernel's rows equal rbf_gram's to rounding)
