@@ -24,7 +24,7 @@ import warnings
 import torch
 
 from .sv_svdd_polish import fixed_partition_solve, polish_ridge
-from .sv_svdd_warm_fit import fit_chain, fit_warm, partition_from_alpha
+from .sv_svdd_warm_fit import fit_chain, fit_warm, partition_from_alpha, prefix_of
 
 #: Counters of what the gate did in this process (fits, solver statuses, reuse); see :func:`gate_stats`.
 STATS: dict[str, int] = {}
@@ -173,8 +173,8 @@ def fit_from(gram: torch.Tensor, previous: torch.Tensor, C: float, new: int, sol
 
 def fit_chain_from(gram: torch.Tensor, bounds: list[int], previous: torch.Tensor | None, C: float,
                    solve: CountingSolve) -> list[torch.Tensor] | None:
-    """Gates of the consecutive boundaries ``bounds`` of the dense ``gram [G, N, N]`` (all keys valid) in one
-    native call (:func:`sv_attention.svdd.warm_fit.fit_chain`): the same gates as :func:`fit_cold` /
+    """Gates of the consecutive boundaries ``bounds`` of ``gram [G, N, N]`` (all keys valid; dense or a lazy
+    row provider) in one native call (:func:`sv_attention.svdd.warm_fit.fit_chain`): the same gates as :func:`fit_cold` /
     :func:`fit_from` boundary by boundary, each checked by :func:`ensure_valid`. ``previous [G, p]``: the gate
     the first boundary starts from (None: cold, every key on the margin).
 
@@ -192,7 +192,7 @@ def fit_chain_from(gram: torch.Tensor, bounds: list[int], previous: torch.Tensor
     stacked = torch.stack([torch.nn.functional.pad(a, (0, N - a.shape[1])) for a in fitted], 1)  # [G, B, N]
     bad = invalid_gates(stacked.reshape(G * len(bounds), N), C).view(G, len(bounds)).any(0)
     for b in bad.nonzero().flatten().tolist():  # (feasibility of every boundary checked at once)
-        fitted[b] = ensure_valid(gram[:, : bounds[b], : bounds[b]], fitted[b], C, solve=solve)
+        fitted[b] = ensure_valid(prefix_of(gram, bounds[b]), fitted[b], C, solve=solve)
     return fitted
 
 

@@ -61,6 +61,8 @@ GATE_FIT_THREADS: int | None = 1
 #: trips the chain removes (2048 tokens, 2 kv-heads: 445 -> 328 ms); a training batch of 64 problems x 3
 #: boundaries was measured 2-4% faster boundary by boundary (each call shares 64 problems over the threads).
 CHAIN_MAX_PROBLEMS = 16
+#: A chain reads a row store the kernel fills (True) or the dense Gram (False).
+CHAIN_ROW_STORE = True
 #: Serve decode steps whose gates are already fitted from the state's :class:`DecodeCache` (same result as the
 #: general path, a fraction of its bookkeeping). False: every call takes the general path and no cache is kept.
 DECODE_FAST_PATH = True
@@ -549,7 +551,36 @@ def _fit_batched(alphas: list[torch.Tensor], bounds: list[int], rows_of: list[to
     # a sequence with no full-attention query here has no bandwidth (NaN) and nothing to fit: any positive value
     # keeps the Gram kernel's check quiet (its rows are never read)
     sig = torch.where(torch.isnan(sig), torch.ones_like(sig), sig)
+    known: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # s -> (alpha [b, g, s], have [b])
+    if state is not None:
+        for s_, a_ in state.gates.items():
+            known[s_] = (a_.to(dt), state.done[s_].clone())
+    pending = {i: rows for i, _, rows in todo}
+    for i, s in enumerate(bounds):
+        have_i = rows_of[i].clone()
+        if i in pending:
+            have_i[pending[i]] = False
+        known[s] = (alphas[i], have_i)  # (rows outside rows_of[i] are not in alphas[i])
     with torch.no_grad():
+        chain = _chain_of(todo, known, chunk, b, g, dense)
+        if chain is not None:
+            # every boundary of every sequence, consecutive: one native call for the chain, on a row store the
+            # kernel fills with the rows it reads (the keys ever on the margin or at the bound, not n^2 entries)
+            order, previous = chain
+            if CHAIN_ROW_STORE:
+                store = LazyRBFGram(keys[:, :, :n_all].reshape(b * g, n_all, d), sig.reshape(-1), capacity=0)
+                gram = store.prefix(n_all)
+            else:
+                with torch.profiler.record_function("sv.gram"):
+                    gram = rbf_gram(keys[:, :, :n_all], sigma=sig[:, :, None, None]).reshape(b * g, n_all, n_all)
+            with _fit_threads(dev):
+                fitted = fit_chain_from(gram, [s for _, s in order], previous, C, solve)
+            if fitted is not None:
+                if CHAIN_ROW_STORE:
+                    count("chain_row_rows", store.rows_computed)
+                for (i, s), a in zip(order, fitted):
+                    alphas[i] = a.reshape(b, g, s).to(dt)
+                return
         if dense:
             with torch.profiler.record_function("sv.gram"):
                 full = rbf_gram(keys[:, :, :n_all], sigma=sig[:, :, None, None])
@@ -557,27 +588,6 @@ def _fit_batched(alphas: list[torch.Tensor], bounds: list[int], rows_of: list[to
         else:
             lazy_all = LazyRBFGram(keys[:, :, :n_all].reshape(b * g, n_all, d), sig.reshape(-1))
             count("lazy_gram_calls")
-        known: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # s -> (alpha [b, g, s], have [b])
-        if state is not None:
-            for s_, a_ in state.gates.items():
-                known[s_] = (a_.to(dt), state.done[s_].clone())
-        pending = {i: rows for i, _, rows in todo}
-        for i, s in enumerate(bounds):
-            have_i = rows_of[i].clone()
-            if i in pending:
-                have_i[pending[i]] = False
-            known[s] = (alphas[i], have_i)  # (rows outside rows_of[i] are not in alphas[i])
-        chain = _chain_of(todo, known, chunk, b, g, dense)
-        if chain is not None:  # every boundary of every sequence, consecutive: one native call for the chain
-            order, previous = chain
-            n_all = order[-1][1]
-            with _fit_threads(dev):
-                fitted = fit_chain_from(full[:, :, :n_all, :n_all].reshape(b * g, n_all, n_all),
-                                        [s for _, s in order], previous, C, solve)
-            if fitted is not None:
-                for (i, s), a in zip(order, fitted):
-                    alphas[i] = a.reshape(b, g, s).to(dt)
-                return
         with _fit_threads(dev):  # restored on any exit
             for i, s, rows in sorted(todo, key=lambda t: t[1]):
                 prev = known.get(s - chunk)

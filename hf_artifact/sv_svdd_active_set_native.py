@@ -414,6 +414,7 @@ typedef struct {
     job_t base;  /* the shared settings; its per-problem arrays are unused */
     int64_t B; const int64_t *bounds; const uint8_t *ones;
     uint8_t *margins, *errors;  /* [G, B, N] the final partition of every boundary */
+    const double *diag_ones;  /* [N] the diagonal of a lazy RBF store's Gram */
 } chain_t;
 
 static void *chain_worker(void *arg) {
@@ -440,6 +441,12 @@ static void *chain_worker(void *arg) {
             job_t sub = *jb;  /* one problem: the first s_b keys of problem p */
             sub.G = 1; sub.n = ch->bounds[b]; sub.N = 0; sub.keys = NULL; sub.slot = NULL; sub.diag = NULL;
             sub.active = NULL; sub.need = NULL;
+            if (jb->keys) {  /* a lazy store: rows computed on first use (a full store leaves a problem unsettled) */
+                sub.keys = jb->is_double ? (const void *)((const double *)jb->keys + p * jb->k_pstride)
+                                         : (const void *)((const float *)jb->keys + p * jb->k_pstride);
+                sub.k_pstride = 0; sub.N = jb->N; sub.s2 = jb->s2 + p; sub.filled = jb->filled + p;
+                sub.slot = jb->slot + p * jb->slot_stride; sub.slot_stride = 0; sub.diag = ch->diag_ones;
+            }
             sub.gram = jb->is_double ? (const void *)((const double *)jb->gram + p * jb->pstride)
                                      : (const void *)((const float *)jb->gram + p * jb->pstride);
             sub.mask = ch->ones; sub.margin = mar; sub.error = err;
@@ -468,14 +475,16 @@ static void *chain_worker(void *arg) {
 }
 
 int sv_active_set_chain(const void *gram, int is_double, int64_t G, int64_t N, int64_t pstride, int64_t ld,
+                        int64_t *slot, int64_t slot_stride, const void *keys, int64_t k_pstride, int64_t k_ld,
+                        int64_t kd, const double *s2, int64_t *filled, int64_t cap, const double *diag_ones,
                         int64_t B, const int64_t *bounds, const uint8_t *ones, uint8_t *margin, uint8_t *error,
                         double C, int64_t steps, double tol, double ridge, double settled_factor,
                         int64_t pivot_backup, const double *start, double *alpha, double *g, double *rho,
                         uint8_t *settled, int64_t *solves, uint8_t *margins, uint8_t *errors, int64_t threads) {
-    job_t base = {gram, is_double, G, N, pstride, ld, NULL, 0, NULL, NULL, NULL, NULL, 0, 0, 0, N, NULL, NULL, 0,
-                  ones, margin, error, C, steps, tol, ridge, settled_factor, pivot_backup, start, alpha, g, rho,
-                  settled, solves, 0, 0};
-    chain_t ch = {base, B, bounds, ones, margins, errors};
+    job_t base = {gram, is_double, G, N, pstride, ld, slot, slot_stride, NULL, NULL, NULL, keys, k_pstride, k_ld, kd,
+                  N, s2, filled, cap, ones, margin, error, C, steps, tol, ridge, settled_factor, pivot_backup, start,
+                  alpha, g, rho, settled, solves, 0, 0};
+    chain_t ch = {base, B, bounds, ones, margins, errors, diag_ones};
     run_threads(chain_worker, &ch, G, threads);
     return ch.base.failed;
 }
@@ -507,7 +516,8 @@ def kernel() -> ctypes.CDLL | None:
                                       _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _f64, _i64, _f64, _f64, _f64,
                                       _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64]
         lib.sv_active_set_chain.restype = ctypes.c_int
-        lib.sv_active_set_chain.argtypes = [_ptr, ctypes.c_int, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr,
+        lib.sv_active_set_chain.argtypes = [_ptr, ctypes.c_int, _i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _i64,
+                                            _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr,
                                             _f64, _i64, _f64, _f64, _f64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr,
                                             _ptr, _ptr, _i64]
         lib._sv_typed = True
@@ -613,7 +623,7 @@ def run_active_set(lib: ctypes.CDLL, gram, mask: torch.Tensor, margin: torch.Ten
             "settled": settled.bool() & ~need.bool(), "solves": total}
 
 
-def run_active_set_chain(lib: ctypes.CDLL, gram: torch.Tensor, bounds: list[int], margin: torch.Tensor,
+def run_active_set_chain(lib: ctypes.CDLL, gram, bounds: list[int], margin: torch.Tensor,
                          error: torch.Tensor, C: float, steps: int, tol: float, ridge: float, settled_factor: float,
                          pivot_backup: int, start_alpha: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """A chain of boundaries in one kernel call: boundary ``b`` solves the problem of the first ``bounds[b]``
@@ -625,7 +635,10 @@ def run_active_set_chain(lib: ctypes.CDLL, gram: torch.Tensor, bounds: list[int]
 
     Parameters
     ----------
-    gram : Tensor ``[G, N, N]``  dense CPU float32 / float64 with contiguous rows; ``N >= bounds[-1]``
+    gram : Tensor ``[G, N, N]``  dense CPU float32 / float64 with contiguous rows; ``N >= bounds[-1]``; or a
+        :class:`~sv_attention.svdd.gram_rows.LazyPrefix` of ``N`` keys whose parent holds ``N`` keys: its store
+        is grown to ``N`` rows (memory is touched only by the rows computed) and the kernel computes the rows
+        the fits read
     bounds : list of int  increasing boundary sizes
     margin, error : bool Tensor ``[G, N]``  the first boundary's starting partition (False past ``bounds[0]``)
     start_alpha : Tensor ``[G, N]`` or None  its solution when known
@@ -639,9 +652,22 @@ def run_active_set_chain(lib: ctypes.CDLL, gram: torch.Tensor, bounds: list[int]
     B = len(bounds)
     if B == 0 or any(not 0 < a < b for a, b in zip(bounds, bounds[1:])) or bounds[0] < 1 or bounds[-1] > N:
         raise ValueError(f"run_active_set_chain: bounds must increase within 1..{N}, got {bounds}")
-    if gram.stride(2) != 1:
-        gram = gram.contiguous()
-    first = torch.arange(N, device=gram.device) < bounds[0]
+    lazy = _is_lazy(gram)
+    if lazy:
+        parent = gram.parent
+        if parent.keys.shape[1] != N:
+            raise ValueError("run_active_set_chain: a lazy Gram's parent must hold exactly the chain's keys")
+        parent.reserve(N)
+        keys = parent.keys if parent.keys.stride(-1) == 1 else parent.keys.contiguous()
+        s2 = (parent.sigma.to(torch.float64) ** 2).contiguous()
+        buf, filled_before = parent.store, parent.filled.clone()
+        diag_ones = torch.ones(N, dtype=torch.float64)
+        lazy_args = (parent.slot.data_ptr(), parent.slot.stride(0), keys.data_ptr(), keys.stride(0), keys.stride(1),
+                     keys.shape[2], s2.data_ptr(), parent.filled.data_ptr(), buf.shape[1], diag_ones.data_ptr())
+    else:
+        buf = gram if gram.stride(2) == 1 else gram.contiguous()
+        lazy_args = (None, 0, None, 0, 0, 0, None, None, 0, None)
+    first = torch.arange(N, device=buf.device) < bounds[0]
     work = {name: (t & first).to(torch.uint8).contiguous().clone() for name, t in (("margin", margin), ("error", error))}
     start = None if start_alpha is None else start_alpha.to(torch.float64).contiguous()
     ones = torch.ones(N, dtype=torch.uint8)
@@ -653,8 +679,8 @@ def run_active_set_chain(lib: ctypes.CDLL, gram: torch.Tensor, bounds: list[int]
     solves = torch.zeros(G, B, dtype=torch.int64)
     margins = torch.zeros(G, B, N, dtype=torch.uint8)
     errors = torch.zeros(G, B, N, dtype=torch.uint8)
-    failed = lib.sv_active_set_chain(gram.data_ptr(), int(gram.dtype == torch.float64), G, N, gram.stride(0),
-                                     gram.stride(1), B, bounds_t.data_ptr(), ones.data_ptr(),
+    failed = lib.sv_active_set_chain(buf.data_ptr(), int(buf.dtype == torch.float64), G, N, buf.stride(0),
+                                     buf.stride(1), *lazy_args, B, bounds_t.data_ptr(), ones.data_ptr(),
                                      work["margin"].data_ptr(), work["error"].data_ptr(), float(C), int(steps),
                                      float(tol), float(ridge), float(settled_factor), int(pivot_backup),
                                      None if start is None else start.data_ptr(), alpha.data_ptr(), g.data_ptr(),
@@ -662,5 +688,7 @@ def run_active_set_chain(lib: ctypes.CDLL, gram: torch.Tensor, bounds: list[int]
                                      errors.data_ptr(), outer_threads())
     if failed:
         raise MemoryError("sv_active_set_chain: the kernel could not allocate its workspace")
+    if lazy:
+        parent.rows_computed += int((parent.filled - filled_before).sum())
     return {"alpha": alpha, "g": g, "rho": rho, "settled": settled.bool(), "solves": solves,
             "margin": margins.bool(), "error": errors.bool()}

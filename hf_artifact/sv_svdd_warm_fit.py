@@ -441,11 +441,27 @@ def fit_warm(gram: torch.Tensor, init: torch.Tensor, C: float, new: int, *, solv
     return alpha
 
 
+def prefix_of(gram: GramLike, s: int) -> GramLike:
+    """The Gram of the first ``s`` keys: a view of a dense ``[G, N, N]`` Gram, or the lazy provider's prefix."""
+    return gram[:, :s, :s] if isinstance(gram, torch.Tensor) else gram.parent.prefix(s)
+
+
+def _problems_of(gram: GramLike, problems: torch.Tensor) -> GramLike:
+    """The Gram of some problems only (a lazy provider: a new row store over their keys)."""
+    if isinstance(gram, torch.Tensor):
+        return gram[problems]
+    from .sv_svdd_gram_rows import LazyRBFGram
+
+    parent = gram.parent
+    return LazyRBFGram(parent.keys[problems], parent.sigma[problems]).prefix(gram.s)
+
+
 def fit_chain(gram: torch.Tensor, bounds: list[int], init: torch.Tensor | None, C: float, *, solve: Solver,
               count: Counter = _no_count) -> list[torch.Tensor] | None:
     """The warm fits of consecutive boundaries in one native call, or None where the C kernel cannot run.
 
-    Boundary ``bounds[b]`` is the problem of the first ``bounds[b]`` keys of the dense ``gram [G, N, N]``;
+    Boundary ``bounds[b]`` is the problem of the first ``bounds[b]`` keys of ``gram [G, N, N]`` (dense, or a
+    :class:`~sv_attention.svdd.gram_rows.LazyPrefix` of ``N`` keys whose rows the kernel computes);
     it starts from the previous boundary's gate (its partition, the new keys in reserve, its solution as the
     known start: what :func:`fit_warm` does boundary by boundary, without a Python round trip per boundary).
     The first boundary starts from ``init [G, p]`` (the gate of ``p < bounds[0]`` keys) or, with ``init``
@@ -462,7 +478,7 @@ def fit_chain(gram: torch.Tensor, bounds: list[int], init: torch.Tensor | None, 
     from .sv_svdd_polish import kkt_violation, polish_ridge
 
     lib = _native_kernel(gram, "auto")
-    if lib is None or not isinstance(gram, torch.Tensor):
+    if lib is None:
         return None
     G, N, _ = gram.shape
     B, dt, dev = len(bounds), gram.dtype, gram.device
@@ -495,10 +511,11 @@ def fit_chain(gram: torch.Tensor, bounds: list[int], init: torch.Tensor | None, 
         prev = init if b == 0 else fitted[b - 1]
         new = 0 if prev is None else s - prev.shape[1]
         init_b = fitted[b] if prev is None else torch.nn.functional.pad(prev.to(dt), (0, new))
-        fitted[b] = refit_unsettled(gram[:, :s, :s], fitted[b], init_b, ~ok[:, b], C, new, solve=solve, count=count)
+        fitted[b] = refit_unsettled(prefix_of(gram, s), fitted[b], init_b, ~ok[:, b], C, new, solve=solve,
+                                    count=count)
         if b + 1 < len(bounds):
             # the chain went on from the unsettled partition: the rest of it is redone from the refitted gate
-            rest = fit_chain(gram[bad], bounds[b + 1:], fitted[b][bad], C, solve=solve, count=count)
+            rest = fit_chain(_problems_of(gram, bad), bounds[b + 1:], fitted[b][bad], C, solve=solve, count=count)
             for j, a in enumerate(rest):
                 fitted[b + 1 + j] = fitted[b + 1 + j].index_copy(0, bad, a)
             ok[bad, b + 1:] = True
