@@ -208,13 +208,13 @@ def _profile_sv_prefill(model, impls, context: int, gen) -> dict[str, Any]:
 
 
 def _time_with_gates_replayed(call) -> tuple[float, float]:
-    """Seconds of ``call()`` as is, then with every boundary fit (``fit_cold`` / ``fit_from`` of the SV gate)
-    returning what it returned in that first call, in call order (the same input gives the same fits): the
-    cost of everything but the fits."""
+    """Seconds of ``call()`` as is, then with every boundary fit of the SV gate (``fit_cold`` / ``fit_from`` /
+    ``fit_chain_from``) returning what it returned in that first call, in call order (the same input gives
+    the same fits): the cost of everything but the fits."""
     from sv_attention.ops.sv_gate import gate as gate_module
 
     recorded: list = []
-    originals = {name: getattr(gate_module, name) for name in ("fit_cold", "fit_from")}
+    originals = {name: getattr(gate_module, name) for name in ("fit_cold", "fit_from", "fit_chain_from")}
     mode = {"replay": False, "next": 0}
 
     def wrap(fn):

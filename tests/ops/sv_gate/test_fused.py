@@ -154,6 +154,9 @@ def test_segments_are_refused_when_the_bias_is_not_a_chunked_gate(monkeypatch):
     chunked = _chunked_gate_bias(gen, b, g, q, 8, 1)
     assert fused._causal_by_segments(query, key, value, chunked, 0.4) is not None
     assert fused._causal_by_segments(query, key, value[..., :3], chunked, 0.4) is None  # another head size
+    inside = GateBias(log_table=chunked.log_table.clone(), slot=chunked.slot, key_position=chunked.key_position)
+    inside.log_table[:, :, 1, 17] = -0.5  # slot 1 is read by rows 16..23: a bias inside its own segment
+    assert fused._causal_by_segments(query, key, value, inside, 0.4) is None
     monkeypatch.setattr(fused, "SEGMENTS_MIN_ROWS", 1)
     with torch.no_grad():
         out = fused_gated_sdpa(query, key, value, visible, random_bias, 0.4)
