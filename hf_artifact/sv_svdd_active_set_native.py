@@ -10,7 +10,9 @@ settles in 3 steps costs 3 steps however slow its batch neighbours are, and a st
 microseconds instead of ~100 torch calls. The problems are shared out over POSIX threads, as many as
 torch's intra-op threads outside the gate's one-thread scope (:func:`sv_attention.threads.outer_threads`).
 
-Differences from the torch loop, all in the direction of accuracy: arithmetic is float64 whatever the
+A solution found through an updated factor is accepted only when its margin residual (``g_i + ridge alpha_i``
+on the margin keys, computed from the Gram's rows) is below ``tol / 1000``; otherwise it is solved again from
+a fresh factor. Differences from the torch loop, all in the direction of accuracy: arithmetic is float64 whatever the
 Gram's dtype (the move tolerance ``tol`` is the caller's, so decisions are the same up to rounding); the
 "known start" test is made per problem (the torch loop accepts it for the whole batch or for none); a
 Cholesky factor that fails, or a margin set that empties, ends that problem unsettled at once (the torch
@@ -56,6 +58,7 @@ typedef struct {
 typedef struct {
     const float *f; const double *d; int64_t n, ld; int64_t *slot;
     const float *kf; const double *kdb; int64_t kld, kd, N; double s2; int64_t *filled; int64_t cap; double *kn;
+    const float *kt;  /* float keys transposed [kd, N]: a row is kd vectorised sweeps over the keys */
 } gram_t;
 
 /* exp(x) for x <= 0 in float (Cephes' expf polynomial after reduction by ln 2, vectorisable, relative error
@@ -94,14 +97,16 @@ static int compute_row(gram_t *K, int64_t i) {
     } else {
         const float *ki = K->kf + i * K->kld;
         float *row = (float *)K->f + r * K->ld;
-        for (int64_t j = 0; j < N; j++) {
-            const float *kj = K->kf + j * K->kld;
-            float dot = 0.0f;
-            for (int64_t t = 0; t < kd; t++) dot += ki[t] * kj[t];
-            row[j] = (float)(K->kn[i] + K->kn[j]) - 2.0f * dot;
+        memset(row, 0, (size_t)N * sizeof(float));
+        for (int64_t t = 0; t < kd; t++) {  /* k_i . k_j for every j: one sweep per feature */
+            const float a = ki[t], *kt = K->kt + t * N;
+            for (int64_t j = 0; j < N; j++) row[j] += a * kt[j];
         }
-        const float fi = (float)inv;
-        for (int64_t j = 0; j < N; j++) row[j] = exp_neg_f(-(row[j] > 0.0f ? row[j] : 0.0f) * fi);
+        const float fi = (float)inv, ni = (float)K->kn[i];
+        for (int64_t j = 0; j < N; j++) {
+            float d2 = ni + (float)K->kn[j] - 2.0f * row[j];
+            row[j] = exp_neg_f(-(d2 > 0.0f ? d2 : 0.0f) * fi);
+        }
         row[i] = 1.0f;
     }
     K->slot[i] = r;
@@ -128,7 +133,13 @@ static void add_row(const gram_t *K, int64_t i, double c, double *acc) {  /* acc
     else { const float *row = K->f + r * K->ld; for (int64_t j = 0; j < n; j++) acc[j] += c * (double)row[j]; }
 }
 
-typedef struct { double *L, *aS, *z1, *z2, *hs, *Kc, *KE, *diag, *kn; int64_t *S, *E, *pos; uint8_t *viol; } work_t;
+typedef struct {
+    double *L, *aS, *z1, *z2, *hs, *Kc, *KE, *diag, *kn; int64_t *S, *E, *pos; uint8_t *viol;
+    float *kt; const void *keys_of;  /* transposed float keys and norms, and the keys they were computed for */
+    /* the state a problem ended in (solve_one): its margin size and whether L / KE still describe its final
+       partition (carry), and were computed from scratch (fresh); a chain's next boundary may start from it */
+    int64_t last_ns; int last_carry, last_fresh;
+} work_t;
 
 /* Cholesky factor of the margin block, lower triangle, row-major with leading dimension ld; 0 on success */
 static int chol(double *L, int64_t m, int64_t ld) {
@@ -198,7 +209,9 @@ static void chol_remove(double *L, int64_t m, int64_t ld, int64_t p, double *x) 
     }
 }
 
-static void solve_one(job_t *jb, work_t *w, int64_t p) {
+/* carry_from > 0: the workspace holds the factor / K 1_E of the partition mar / err over the first carry_from
+   keys (the previous boundary of a chain, whose final partition this start is); keys past it are new */
+static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
     const int64_t n = jb->n;
     const double C = jb->C, tol = jb->tol, ridge = jb->ridge;
     gram_t K = {NULL, NULL, n, jb->ld, jb->slot ? jb->slot + p * jb->slot_stride : NULL,
@@ -208,14 +221,19 @@ static void solve_one(job_t *jb, work_t *w, int64_t p) {
     if (jb->keys) {  /* squared norms of the keys, for the rows computed here */
         if (jb->is_double) K.kdb = (const double *)jb->keys + p * jb->k_pstride;
         else K.kf = (const float *)jb->keys + p * jb->k_pstride;
-        K.s2 = jb->s2[p]; K.filled = jb->filled + p;
-        for (int64_t j = 0; j < jb->N; j++) {
-            double s = 0.0;
-            for (int64_t t = 0; t < jb->kd; t++) {
-                double x = K.kdb ? K.kdb[j * K.kld + t] : (double)K.kf[j * K.kld + t];
-                s += x * x;
+        K.s2 = jb->s2[p]; K.filled = jb->filled + p; K.kt = w->kt;
+        const void *keys_p = K.kdb ? (const void *)K.kdb : (const void *)K.kf;
+        if (w->keys_of != keys_p) {  /* once per problem (a chain's boundaries share its keys) */
+            for (int64_t j = 0; j < jb->N; j++) {
+                double s = 0.0;
+                for (int64_t t = 0; t < jb->kd; t++) {
+                    double x = K.kdb ? K.kdb[j * K.kld + t] : (double)K.kf[j * K.kld + t];
+                    s += x * x;
+                    if (K.kf) w->kt[t * jb->N + j] = K.kf[j * K.kld + t];
+                }
+                w->kn[j] = s;
             }
-            w->kn[j] = s;
+            w->keys_of = keys_p;
         }
     }
     const uint8_t *mask = jb->mask + p * n;
@@ -232,6 +250,16 @@ static void solve_one(job_t *jb, work_t *w, int64_t p) {
     for (int64_t i = 0; i < n; i++) {
         mar[i] &= mask[i]; err[i] &= mask[i];
         w->diag[i] = jb->diag ? jb->diag[p * n + i] : kat(&K, i, i);
+    }
+    if (carry_from > 0) {  /* the new keys: not on the margin; K 1_E extended to their columns */
+        factored = 1; fresh = w->last_fresh; ns = w->last_ns;
+        for (int64_t i = carry_from; i < n; i++) { w->pos[i] = -1; w->KE[i] = 0.0; }
+        for (int64_t e = 0; e < carry_from; e++) {
+            if (!err[e]) continue;
+            const int64_t r = krow(&K, e);
+            if (K.d) { const double *row = K.d + r * K.ld; for (int64_t i = carry_from; i < n; i++) w->KE[i] += row[i]; }
+            else { const float *row = K.f + r * K.ld; for (int64_t i = carry_from; i < n; i++) w->KE[i] += (double)row[i]; }
+        }
     }
     for (;;) {
         int64_t ne = 0;
@@ -308,7 +336,13 @@ static void solve_one(job_t *jb, work_t *w, int64_t p) {
             if (size > tol) { w->viol[i] = 1; nviol++; }
             if (size > top_size) { top_size = size; top = i; }
         }
-        if (nviol == 0 && !known && !fresh) { factored = 0; continue; }  /* accept only a fresh solve */
+        if (nviol == 0 && !known && !fresh) {
+            /* a solve through an updated factor is accepted when it solves its system as a fresh one does:
+               g_i = -ridge alpha_i on the margin (g from the Gram's rows, not from the factor) */
+            double resid = 0.0;
+            for (int64_t k = 0; k < ns; k++) resid = fmax(resid, fabs(g[w->S[k]] + ridge * w->aS[k]));
+            if (!(resid <= 1e-3 * tol)) { factored = 0; continue; }  /* else solve again from a fresh factor */
+        }
         if (nviol == 0 || run >= jb->steps) { settled = (nviol == 0) && ok; break; }
         /* block principal pivoting: every violator while their count reaches a new minimum (or backups
            are left), else only the largest one */
@@ -323,7 +357,7 @@ static void solve_one(job_t *jb, work_t *w, int64_t p) {
             if (mar[i]) w->viol[i] = (w->aS[w->pos[i]] / C > 1.0) ? 3 : 2;
         }
         /* few moves: update the factor (O(|S|^2) each) and K 1_E instead of recomputing them */
-        int update = factored && !known && 8 * moves <= ns + 8;
+        int update = factored && 8 * moves <= ns + 8;
         if (K.slot)
             for (int64_t i = 0; i < n; i++) if (w->viol[i] == 1 && ensure_row(&K, i)) { need = 1; update = 0; }
         for (int64_t i = 0; i < n; i++) {  /* margin keys leave first */
@@ -359,33 +393,36 @@ static void solve_one(job_t *jb, work_t *w, int64_t p) {
     jb->settled[p] = (uint8_t)(settled && ok && !need);
     jb->solves[p] = solves;
     if (jb->need) jb->need[p] = (uint8_t)need;
+    w->last_ns = ns; w->last_carry = factored && settled && ok && !need; w->last_fresh = fresh;
 }
 
-static int work_alloc(work_t *w, int64_t n, int64_t N) {  /* 0 on success */
+static int work_alloc(work_t *w, int64_t n, int64_t N, int64_t kd) {  /* 0 on success */
+    w->kt = malloc((size_t)(N > 0 ? N : 1) * (size_t)(kd > 0 ? kd : 1) * sizeof(float));
+    w->keys_of = NULL;
     w->L = malloc((size_t)n * (size_t)n * sizeof(double));
     w->aS = malloc(8 * (size_t)n * sizeof(double));
     w->kn = malloc((size_t)(N > 0 ? N : 1) * sizeof(double));
     w->S = malloc(3 * (size_t)n * sizeof(int64_t));
     w->viol = malloc((size_t)n);
-    if (!w->L || !w->aS || !w->kn || !w->S || !w->viol) return 1;
+    if (!w->L || !w->aS || !w->kn || !w->S || !w->viol || !w->kt) return 1;
     w->z1 = w->aS + n; w->z2 = w->aS + 2 * n; w->hs = w->aS + 3 * n; w->Kc = w->aS + 4 * n;
     w->KE = w->aS + 5 * n; w->diag = w->aS + 6 * n;
     w->E = w->S + n; w->pos = w->S + 2 * n;
     return 0;
 }
 
-static void work_free(work_t *w) { free(w->L); free(w->aS); free(w->kn); free(w->S); free(w->viol); }
+static void work_free(work_t *w) { free(w->L); free(w->aS); free(w->kn); free(w->S); free(w->viol); free(w->kt); }
 
 static void *worker(void *arg) {
     job_t *jb = (job_t *)arg;
     work_t w;
-    if (work_alloc(&w, jb->n, jb->N)) {
+    if (work_alloc(&w, jb->n, jb->N, jb->kd)) {
         __atomic_store_n(&jb->failed, 1, __ATOMIC_SEQ_CST);
     } else {
         for (;;) {
             int64_t p = __atomic_fetch_add(&jb->next, 1, __ATOMIC_SEQ_CST);
             if (p >= jb->G) break;
-            if (!jb->active || jb->active[p]) solve_one(jb, &w, p);
+            if (!jb->active || jb->active[p]) solve_one(jb, &w, p, 0);
         }
     }
     work_free(&w);
@@ -423,7 +460,7 @@ static void *chain_worker(void *arg) {
     const int64_t N = jb->N, B = ch->B;
     work_t w;
     double *st = malloc((size_t)(N > 0 ? N : 1) * sizeof(double));
-    if (work_alloc(&w, N, N) || !st) {
+    if (work_alloc(&w, N, N, jb->kd) || !st) {
         __atomic_store_n(&jb->failed, 1, __ATOMIC_SEQ_CST);
         work_free(&w);
         free(st);
@@ -450,21 +487,26 @@ static void *chain_worker(void *arg) {
             sub.gram = jb->is_double ? (const void *)((const double *)jb->gram + p * jb->pstride)
                                      : (const void *)((const float *)jb->gram + p * jb->pstride);
             sub.mask = ch->ones; sub.margin = mar; sub.error = err;
+            int64_t carry = 0;
             if (b == 0) sub.start = jb->start ? jb->start + p * N : NULL;
             else {
                 const double *prev = jb->alpha + (q - 1) * N;
+                int same = 1;
                 for (int64_t i = 0; i < N; i++) {
                     double a = prev[i] > 0.0 ? prev[i] : 0.0;
                     if (!jb->is_double) a = (double)(float)a;
                     st[i] = a;
-                    err[i] = a >= at_c;
-                    mar[i] = a > 0.0 && !err[i];
+                    uint8_t e = a >= at_c, m = a > 0.0 && !e;
+                    same = same && e == err[i] && m == mar[i];
+                    err[i] = e; mar[i] = m;
                 }
                 sub.start = st;
+                /* the partition read off the gate is the one the previous boundary ended in: its factor carries */
+                if (same && w.last_carry) carry = ch->bounds[b - 1];
             }
             sub.alpha = jb->alpha + q * N; sub.g = jb->g + q * N;
             sub.rho = jb->rho + q; sub.settled = jb->settled + q; sub.solves = jb->solves + q;
-            solve_one(&sub, &w, 0);
+            solve_one(&sub, &w, 0, carry);
             memcpy(ch->margins + q * N, mar, (size_t)N);
             memcpy(ch->errors + q * N, err, (size_t)N);
         }
