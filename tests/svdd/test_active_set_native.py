@@ -219,9 +219,9 @@ def test_a_slice_of_a_larger_gram_is_read_in_place_with_the_same_result():
 
 @needs_kernel
 def test_a_lazy_row_store_is_read_in_place_and_grown_on_demand_with_the_dense_result():
-    """Decoding fits read Gram rows on demand (LazyRBFGram): the kernel stops a problem when a key without a
-    stored row must join the margin, its rows are computed, it resumes; results equal the dense kernel and
-    the torch loop on the same lazy Gram, and only a fraction of the rows is ever computed."""
+    """Decoding fits read Gram rows on demand (LazyRBFGram): the kernel computes the rows it reads into the
+    store; results equal the dense kernel and the torch loop on the same lazy Gram, and only a fraction of
+    the rows is ever computed."""
     from sv_attention.svdd.gram_rows import LazyRBFGram
 
     gen = torch.Generator().manual_seed(14)
