@@ -566,14 +566,15 @@ def kernel() -> ctypes.CDLL | None:
     return lib
 
 
-#: Kernel calls on a lazy row store before problems still asking for rows are left unsettled (each call stops a
-#: problem at the first move of a key whose row is not stored; the rows are then computed and it resumes).
+#: Kernel calls on a lazy row store before problems still asking for rows are left unsettled (a call stops a
+#: problem that finds the store full; the store then doubles and it resumes).
 LAZY_ROUNDS = 16
 
 
 def _is_lazy(gram: object) -> bool:
-    parent = getattr(gram, "parent", None)
-    return parent is not None and hasattr(parent, "store") and hasattr(parent, "slot") and hasattr(gram, "ensure")
+    from .sv_svdd_gram_rows import LazyPrefix
+
+    return isinstance(gram, LazyPrefix)
 
 
 def supports(gram: object) -> bool:
@@ -595,8 +596,8 @@ def run_active_set(lib: ctypes.CDLL, gram, mask: torch.Tensor, margin: torch.Ten
     ----------
     gram : Tensor ``[G, n, n]``  dense, CPU, float32 or float64; any strides with contiguous rows (a slice of a
         larger Gram is read in place); or a :class:`~sv_attention.svdd.gram_rows.LazyPrefix`: the kernel reads
-        its stored rows in place, and a problem that must move a key whose row is not stored stops; the rows
-        of its margin and error keys are then computed and it resumes from that partition (at most
+        its stored rows in place and computes a missing row into the store's free rows; a problem that finds
+        the store full stops, the store doubles and it resumes from its partition (at most
         :data:`LAZY_ROUNDS` calls; a problem still waiting is returned unsettled)
     mask, margin, error : bool Tensor ``[G, n]``  valid keys and the starting partition
     C, steps, tol, ridge : as :func:`sv_attention.svdd.warm_fit.active_set_fit`

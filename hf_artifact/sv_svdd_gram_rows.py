@@ -113,13 +113,6 @@ class LazyPrefix:
         """``K_ii`` ``[G, s]`` (exactly 1 for the RBF kernel)."""
         return torch.ones(self.parent.keys.shape[0], self.s, dtype=self.dtype, device=self.device)
 
-    def ensure(self, index: torch.Tensor) -> None:
-        """Compute and store the rows ``index [G, m]`` that are not stored yet (no copy is returned: a reader of
-        the store, the native active-set kernel, reads them in place through ``parent.slot``)."""
-        if index.numel() and int(index.max()) >= self.s:
-            raise IndexError(f"row index {int(index.max())} outside the prefix of {self.s} keys")
-        self.parent._ensure(index)
-
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Rows ``K[g, index[g, i], :s]`` ``[G, m, s]`` (indices must be ``< s``)."""
         if index.numel() and int(index.max()) >= self.s:
