@@ -318,6 +318,8 @@ def test_a_chain_of_boundaries_in_one_call_equals_one_call_per_boundary(dtype):
         assert torch.equal(chain["alpha"][:, b, :s].to(dtype), fit.alpha) and not chain["alpha"][:, b, s:].any()
         assert torch.equal(chain["margin"][:, b, :s], fit.margin) and torch.equal(chain["error"][:, b, :s], fit.error)
         prev = fit.alpha
+    # factorisations from scratch: at least one for the cold first boundary, never more than one per solve
+    assert (chain["factorizations"][:, 0] >= 1).all() and (chain["factorizations"] <= chain["solves"] + 1).all()
     with pytest.raises(ValueError, match="bounds"):
         native.run_active_set_chain(native.kernel(), gram, [64, 64], first.expand(G, N), torch.zeros(G, N, dtype=torch.bool),
                                     C, 8, 1e-9, 1e-10, 10.0, 3, None)
