@@ -139,6 +139,8 @@ typedef struct {
     /* the state a problem ended in (solve_one): its margin size and whether L / KE still describe its final
        partition (carry), and were computed from scratch (fresh); a chain's next boundary may start from it */
     int64_t last_ns; int last_carry, last_fresh;
+    int64_t ldL;  /* the factor's row stride: the workspace's size, fixed, so a factor carries across sizes */
+    int64_t factorizations;  /* Cholesky factorisations from scratch since the caller last reset it */
 } work_t;
 
 /* Cholesky factor of the margin block, lower triangle, row-major with leading dimension ld; 0 on success */
@@ -298,11 +300,12 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
             /* [[0, 1^T], [1, M]] [rho; a] = [1 - C |E|; h_S], M = 2 K_SS + ridge I, h_S = diag_S - 2 C (K 1_E)_S */
             if (!factored) {
                 for (int64_t a = 0; a < ns; a++) {
-                    double *La = w->L + a * n;
+                    double *La = w->L + a * w->ldL;
                     for (int64_t b = 0; b <= a; b++) La[b] = 2.0 * kat(&K, w->S[a], w->S[b]);
                     La[a] += ridge;
                 }
-                if (chol(w->L, ns, n)) { solves++; ok = 0; settled = 0; break; }
+                w->factorizations++;
+                if (chol(w->L, ns, w->ldL)) { solves++; ok = 0; settled = 0; break; }
                 factored = fresh = 1;
             }
             for (int64_t a = 0; a < ns; a++) {
@@ -310,8 +313,8 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
                 w->z2[a] = 1.0;
             }
             solves++;
-            chol_solve(w->L, ns, n, w->z1);
-            chol_solve(w->L, ns, n, w->z2);
+            chol_solve(w->L, ns, w->ldL, w->z1);
+            chol_solve(w->L, ns, w->ldL, w->z2);
             double s1 = 0.0, s2 = 0.0;
             for (int64_t k = 0; k < ns; k++) { s1 += w->z1[k]; s2 += w->z2[k]; }
             rho = (s1 - (1.0 - C * (double)ne)) / s2;
@@ -365,7 +368,7 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
             mar[i] = 0; err[i] = w->viol[i] == 3;
             if (!update) continue;
             int64_t slot = w->pos[i];
-            chol_remove(w->L, ns, n, slot, w->hs);
+            chol_remove(w->L, ns, w->ldL, slot, w->hs);
             for (int64_t k = slot + 1; k < ns; k++) { w->S[k - 1] = w->S[k]; w->pos[w->S[k - 1]] = k - 1; }
             ns--;
             w->pos[i] = -1;
@@ -375,7 +378,7 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
             if (w->viol[i] != 1) continue;
             int was_error = err[i];
             err[i] = 0; mar[i] = 1;
-            if (update && chol_append(w->L, ns, n, w->S, &K, i, ridge)) update = 0;
+            if (update && chol_append(w->L, ns, w->ldL, w->S, &K, i, ridge)) update = 0;
             if (update) {
                 w->S[ns] = i; w->pos[i] = ns; ns++;
                 if (was_error) add_row(&K, i, -1.0, w->KE);
@@ -400,6 +403,7 @@ static int work_alloc(work_t *w, int64_t n, int64_t N, int64_t kd) {  /* 0 on su
     w->kt = malloc((size_t)(N > 0 ? N : 1) * (size_t)(kd > 0 ? kd : 1) * sizeof(float));
     w->keys_of = NULL;
     w->L = malloc((size_t)n * (size_t)n * sizeof(double));
+    w->ldL = n; w->factorizations = 0;
     w->aS = malloc(8 * (size_t)n * sizeof(double));
     w->kn = malloc((size_t)(N > 0 ? N : 1) * sizeof(double));
     w->S = malloc(3 * (size_t)n * sizeof(int64_t));
@@ -451,6 +455,7 @@ typedef struct {
     job_t base;  /* the shared settings; its per-problem arrays are unused */
     int64_t B; const int64_t *bounds; const uint8_t *ones;
     uint8_t *margins, *errors;  /* [G, B, N] the final partition of every boundary */
+    int64_t *factorizations;  /* [G, B] factorisations from scratch per boundary (the carried factor saves them) */
     const double *diag_ones;  /* [N] the diagonal of a lazy RBF store's Gram */
 } chain_t;
 
@@ -509,6 +514,8 @@ static void *chain_worker(void *arg) {
             solve_one(&sub, &w, 0, carry);
             memcpy(ch->margins + q * N, mar, (size_t)N);
             memcpy(ch->errors + q * N, err, (size_t)N);
+            ch->factorizations[q] = w.factorizations;
+            w.factorizations = 0;
         }
     }
     work_free(&w);
@@ -522,11 +529,12 @@ int sv_active_set_chain(const void *gram, int is_double, int64_t G, int64_t N, i
                         int64_t B, const int64_t *bounds, const uint8_t *ones, uint8_t *margin, uint8_t *error,
                         double C, int64_t steps, double tol, double ridge, double settled_factor,
                         int64_t pivot_backup, const double *start, double *alpha, double *g, double *rho,
-                        uint8_t *settled, int64_t *solves, uint8_t *margins, uint8_t *errors, int64_t threads) {
+                        uint8_t *settled, int64_t *solves, uint8_t *margins, uint8_t *errors,
+                        int64_t *factorizations, int64_t threads) {
     job_t base = {gram, is_double, G, N, pstride, ld, slot, slot_stride, NULL, NULL, NULL, keys, k_pstride, k_ld, kd,
                   N, s2, filled, cap, ones, margin, error, C, steps, tol, ridge, settled_factor, pivot_backup, start,
                   alpha, g, rho, settled, solves, 0, 0};
-    chain_t ch = {base, B, bounds, ones, margins, errors, diag_ones};
+    chain_t ch = {base, B, bounds, ones, margins, errors, factorizations, diag_ones};
     run_threads(chain_worker, &ch, G, threads);
     return ch.base.failed;
 }
@@ -561,7 +569,7 @@ def kernel() -> ctypes.CDLL | None:
         lib.sv_active_set_chain.argtypes = [_ptr, ctypes.c_int, _i64, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _i64,
                                             _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr,
                                             _f64, _i64, _f64, _f64, _f64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr,
-                                            _ptr, _ptr, _i64]
+                                            _ptr, _ptr, _ptr, _i64]
         lib._sv_typed = True
     return lib
 
@@ -688,8 +696,10 @@ def run_active_set_chain(lib: ctypes.CDLL, gram, bounds: list[int], margin: torc
 
     Returns
     -------
-    dict with ``alpha`` and ``g`` ``[G, B, N]`` (float64, zero past each boundary), ``rho``, ``solves``
-    ``[G, B]``, ``settled`` bool ``[G, B]``, ``margin`` / ``error`` bool ``[G, B, N]`` (each final partition)
+    dict with ``alpha`` and ``g`` ``[G, B, N]`` (float64, zero past each boundary), ``rho``, ``solves``,
+    ``factorizations`` ``[G, B]`` (Cholesky factorisations from scratch: a boundary that starts from the
+    previous one's final partition carries its factor), ``settled`` bool ``[G, B]``, ``margin`` / ``error``
+    bool ``[G, B, N]`` (each final partition)
     """
     G, N, _ = gram.shape
     B = len(bounds)
@@ -722,16 +732,17 @@ def run_active_set_chain(lib: ctypes.CDLL, gram, bounds: list[int], margin: torc
     solves = torch.zeros(G, B, dtype=torch.int64)
     margins = torch.zeros(G, B, N, dtype=torch.uint8)
     errors = torch.zeros(G, B, N, dtype=torch.uint8)
+    factorizations = torch.zeros(G, B, dtype=torch.int64)
     failed = lib.sv_active_set_chain(buf.data_ptr(), int(buf.dtype == torch.float64), G, N, buf.stride(0),
                                      buf.stride(1), *lazy_args, B, bounds_t.data_ptr(), ones.data_ptr(),
                                      work["margin"].data_ptr(), work["error"].data_ptr(), float(C), int(steps),
                                      float(tol), float(ridge), float(settled_factor), int(pivot_backup),
                                      None if start is None else start.data_ptr(), alpha.data_ptr(), g.data_ptr(),
                                      rho.data_ptr(), settled.data_ptr(), solves.data_ptr(), margins.data_ptr(),
-                                     errors.data_ptr(), outer_threads())
+                                     errors.data_ptr(), factorizations.data_ptr(), outer_threads())
     if failed:
         raise MemoryError("sv_active_set_chain: the kernel could not allocate its workspace")
     if lazy:
         parent.rows_computed += int((parent.filled - filled_before).sum())
     return {"alpha": alpha, "g": g, "rho": rho, "settled": settled.bool(), "solves": solves,
-            "margin": margins.bool(), "error": errors.bool()}
+            "margin": margins.bool(), "error": errors.bool(), "factorizations": factorizations}
