@@ -585,6 +585,15 @@ def _is_lazy(gram: object) -> bool:
     return isinstance(gram, LazyPrefix)
 
 
+def _row_store_inputs(parent) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the kernel reads to compute a :class:`~sv_attention.svdd.gram_rows.LazyRBFGram`'s rows: its keys
+    (unit-stride features) and ``sigma^2`` per problem in float64."""
+    keys = parent.keys if parent.keys.stride(-1) == 1 else parent.keys.contiguous()
+    if keys.dtype != parent.store.dtype:
+        raise TypeError("the lazy row store and its keys must share a dtype")
+    return keys, (parent.sigma.to(torch.float64) ** 2).contiguous()
+
+
 def supports(gram: object) -> bool:
     """Whether the kernel can run on ``gram``: a dense CPU float32 / float64 Tensor ``[G, n, n]`` without autograd,
     or a lazy row provider over such keys (:class:`sv_attention.svdd.gram_rows.LazyPrefix`)."""
@@ -636,10 +645,7 @@ def run_active_set(lib: ctypes.CDLL, gram, mask: torch.Tensor, margin: torch.Ten
     diag = gram.diagonal().to(torch.float64).contiguous() if lazy else None
     if lazy:
         parent = gram.parent
-        keys = parent.keys if parent.keys.stride(-1) == 1 else parent.keys.contiguous()
-        s2 = (parent.sigma.to(torch.float64) ** 2).contiguous()
-        if keys.dtype != parent.store.dtype:
-            raise TypeError("run_active_set: the lazy store and its keys must share a dtype")
+        keys, s2 = _row_store_inputs(parent)
     for _ in range(LAZY_ROUNDS if lazy else 1):
         if lazy:
             # the kernel computes the missing rows into the free rows of the store; a full store stops the problems
@@ -711,8 +717,7 @@ def run_active_set_chain(lib: ctypes.CDLL, gram, bounds: list[int], margin: torc
         if parent.keys.shape[1] != N:
             raise ValueError("run_active_set_chain: a lazy Gram's parent must hold exactly the chain's keys")
         parent.reserve(N)
-        keys = parent.keys if parent.keys.stride(-1) == 1 else parent.keys.contiguous()
-        s2 = (parent.sigma.to(torch.float64) ** 2).contiguous()
+        keys, s2 = _row_store_inputs(parent)
         buf, filled_before = parent.store, parent.filled.clone()
         diag_ones = torch.ones(N, dtype=torch.float64)
         lazy_args = (parent.slot.data_ptr(), parent.slot.stride(0), keys.data_ptr(), keys.stride(0), keys.stride(1),
