@@ -137,9 +137,24 @@ typedef struct {
     /* the state a problem ended in (solve_one): its margin size and whether L / KE still describe its final
        partition (carry), and were computed from scratch (fresh); a chain's next boundary may start from it */
     int64_t last_ns; int last_carry, last_fresh;
-    int64_t ldL;  /* the factor's row stride: the workspace's size, fixed, so a factor carries across sizes */
+    int64_t ldL, capL;  /* the factor's row stride and row capacity: grown (the kept rows copied) as the margin
+                           grows, so a factor carries across sizes and stays compact (a stride of the problem
+                           size, a power of two, made its rows collide in the caches) */
     int64_t factorizations;  /* Cholesky factorisations from scratch since the caller last reset it */
 } work_t;
+
+/* room for a factor of m rows, keeping the first `keep` rows of the current one; 0 on success */
+static int ensure_factor(work_t *w, int64_t m, int64_t keep) {
+    if (m <= w->capL) return 0;
+    int64_t cap = 2 * w->capL > m ? 2 * w->capL : m;
+    const int64_t ld = cap + 8;  /* off a power of two */
+    double *L = malloc((size_t)cap * (size_t)ld * sizeof(double));
+    if (!L) return 1;
+    for (int64_t i = 0; i < keep; i++) memcpy(L + i * ld, w->L + i * w->ldL, (size_t)(i + 1) * sizeof(double));
+    free(w->L);
+    w->L = L; w->ldL = ld; w->capL = cap;
+    return 0;
+}
 
 /* Cholesky factor of the margin block, lower triangle, row-major with leading dimension ld; 0 on success */
 static int chol(double *L, int64_t m, int64_t ld) {
@@ -147,11 +162,12 @@ static int chol(double *L, int64_t m, int64_t ld) {
         double *rj = L + j * ld, s = rj[j];
         for (int64_t k = 0; k < j; k++) s -= rj[k] * rj[k];
         if (!(s > 0.0)) return 1;
-        double d = sqrt(s); rj[j] = d;
+        const double d = sqrt(s), inv = 1.0 / d;  /* one division per column: the inner loop multiplies */
+        rj[j] = d;
         for (int64_t i = j + 1; i < m; i++) {
             double *ri = L + i * ld, t = ri[j];
             for (int64_t k = 0; k < j; k++) t -= ri[k] * rj[k];
-            ri[j] = t / d;
+            ri[j] = t * inv;
         }
     }
     return 0;
@@ -165,12 +181,19 @@ static void forward(const double *L, int64_t m, int64_t ld, double *x) {  /* x <
     }
 }
 
-static void chol_solve(const double *L, int64_t m, int64_t ld, double *x) {  /* x <- (L L^T)^-1 x */
-    forward(L, m, ld, x);
+/* x <- (L L^T)^-1 x and y <- (L L^T)^-1 y: both right-hand sides in one pass over L per triangle; the
+   backward triangle reads L by rows (x_k -= L_ik x_i for k < i), contiguous, not down its columns */
+static void chol_solve2(const double *L, int64_t m, int64_t ld, double *x, double *y) {
+    for (int64_t i = 0; i < m; i++) {
+        const double *ri = L + i * ld; double t = x[i], u = y[i];
+        for (int64_t k = 0; k < i; k++) { t -= ri[k] * x[k]; u -= ri[k] * y[k]; }
+        const double inv = 1.0 / ri[i];
+        x[i] = t * inv; y[i] = u * inv;
+    }
     for (int64_t i = m - 1; i >= 0; i--) {
-        double t = x[i];
-        for (int64_t k = i + 1; k < m; k++) t -= L[k * ld + i] * x[k];
-        x[i] = t / L[i * ld + i];
+        const double *ri = L + i * ld, inv = 1.0 / ri[i];
+        const double xi = (x[i] *= inv), yi = (y[i] *= inv);
+        for (int64_t k = 0; k < i; k++) { x[k] -= ri[k] * xi; y[k] -= ri[k] * yi; }
     }
 }
 
@@ -194,11 +217,11 @@ static void chol_remove(double *L, int64_t m, int64_t ld, int64_t p, double *x) 
     for (int64_t i = 0; i < R; i++) x[i] = L[(p + 1 + i) * ld + p];
     for (int64_t k = 0; k < R; k++) {
         double *rk = L + (p + 1 + k) * ld + (p + 1);
-        double a = rk[k], r = hypot(a, x[k]), c = r / a, s = x[k] / a;
+        double a = rk[k], r = hypot(a, x[k]), c = r / a, s = x[k] / a, ic = a / r;
         rk[k] = r;
         for (int64_t i = k + 1; i < R; i++) {
             double *ri = L + (p + 1 + i) * ld + (p + 1);
-            ri[k] = (ri[k] + s * x[i]) / c;
+            ri[k] = (ri[k] + s * x[i]) * ic;
             x[i] = c * x[i] - s * ri[k];
         }
     }
@@ -297,6 +320,7 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
         if (!known) {
             /* [[0, 1^T], [1, M]] [rho; a] = [1 - C |E|; h_S], M = 2 K_SS + ridge I, h_S = diag_S - 2 C (K 1_E)_S */
             if (!factored) {
+                if (ensure_factor(w, ns, 0)) { __atomic_store_n(&jb->failed, 1, __ATOMIC_SEQ_CST); ok = 0; break; }
                 for (int64_t a = 0; a < ns; a++) {
                     double *La = w->L + a * w->ldL;
                     for (int64_t b = 0; b <= a; b++) La[b] = 2.0 * kat(&K, w->S[a], w->S[b]);
@@ -311,8 +335,7 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
                 w->z2[a] = 1.0;
             }
             solves++;
-            chol_solve(w->L, ns, w->ldL, w->z1);
-            chol_solve(w->L, ns, w->ldL, w->z2);
+            chol_solve2(w->L, ns, w->ldL, w->z1, w->z2);
             double s1 = 0.0, s2 = 0.0;
             for (int64_t k = 0; k < ns; k++) { s1 += w->z1[k]; s2 += w->z2[k]; }
             rho = (s1 - (1.0 - C * (double)ne)) / s2;
@@ -376,6 +399,7 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
             if (w->viol[i] != 1) continue;
             int was_error = err[i];
             err[i] = 0; mar[i] = 1;
+            if (update && ensure_factor(w, ns + 1, ns)) { __atomic_store_n(&jb->failed, 1, __ATOMIC_SEQ_CST); update = 0; }
             if (update && chol_append(w->L, ns, w->ldL, w->S, &K, i, ridge)) update = 0;
             if (update) {
                 w->S[ns] = i; w->pos[i] = ns; ns++;
@@ -400,8 +424,10 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
 static int work_alloc(work_t *w, int64_t n, int64_t N, int64_t kd) {  /* 0 on success */
     w->kt = malloc((size_t)(N > 0 ? N : 1) * (size_t)(kd > 0 ? kd : 1) * sizeof(float));
     w->keys_of = NULL;
-    w->L = malloc((size_t)n * (size_t)n * sizeof(double));
-    w->ldL = n; w->factorizations = 0;
+    w->capL = n < 128 ? (n > 0 ? n : 1) : 128;
+    w->ldL = w->capL + 8;
+    w->L = malloc((size_t)w->capL * (size_t)w->ldL * sizeof(double));
+    w->factorizations = 0;
     w->aS = malloc(8 * (size_t)n * sizeof(double));
     w->kn = malloc((size_t)(N > 0 ? N : 1) * sizeof(double));
     w->S = malloc(3 * (size_t)n * sizeof(int64_t));
@@ -510,6 +536,7 @@ static void *chain_worker(void *arg) {
             sub.alpha = jb->alpha + q * N; sub.g = jb->g + q * N;
             sub.rho = jb->rho + q; sub.settled = jb->settled + q; sub.solves = jb->solves + q;
             solve_one(&sub, &w, 0, carry);
+            if (sub.failed) __atomic_store_n(&jb->failed, 1, __ATOMIC_SEQ_CST);  /* (sub is a copy) */
             memcpy(ch->margins + q * N, mar, (size_t)N);
             memcpy(ch->errors + q * N, err, (size_t)N);
             ch->factorizations[q] = w.factorizations;
