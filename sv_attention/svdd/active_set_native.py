@@ -537,6 +537,9 @@ static void *chain_worker(void *arg) {
             sub.rho = jb->rho + q; sub.settled = jb->settled + q; sub.solves = jb->solves + q;
             solve_one(&sub, &w, 0, carry);
             if (sub.failed) __atomic_store_n(&jb->failed, 1, __ATOMIC_SEQ_CST);  /* (sub is a copy) */
+            const int64_t n = ch->bounds[b];  /* past the boundary: alpha and g are 0 (the outputs come uninitialised) */
+            memset(sub.alpha + n, 0, (size_t)(N - n) * sizeof(double));
+            memset(sub.g + n, 0, (size_t)(N - n) * sizeof(double));
             memcpy(ch->margins + q * N, mar, (size_t)N);
             memcpy(ch->errors + q * N, err, (size_t)N);
             ch->factorizations[q] = w.factorizations;
@@ -755,14 +758,15 @@ def run_active_set_chain(lib: ctypes.CDLL, gram, bounds: list[int], margin: torc
     start = None if start_alpha is None else start_alpha.to(torch.float64).contiguous()
     ones = torch.ones(N, dtype=torch.uint8)
     bounds_t = torch.tensor(bounds, dtype=torch.int64)
-    alpha = torch.zeros(G, B, N, dtype=torch.float64)
-    g = torch.zeros(G, B, N, dtype=torch.float64)
-    rho = torch.zeros(G, B, dtype=torch.float64)
-    settled = torch.zeros(G, B, dtype=torch.uint8)
-    solves = torch.zeros(G, B, dtype=torch.int64)
-    margins = torch.zeros(G, B, N, dtype=torch.uint8)
-    errors = torch.zeros(G, B, N, dtype=torch.uint8)
-    factorizations = torch.zeros(G, B, dtype=torch.int64)
+    # every entry of the outputs is written by the kernel (alpha and g zero past each boundary)
+    alpha = torch.empty(G, B, N, dtype=torch.float64)
+    g = torch.empty(G, B, N, dtype=torch.float64)
+    rho = torch.empty(G, B, dtype=torch.float64)
+    settled = torch.empty(G, B, dtype=torch.uint8)
+    solves = torch.empty(G, B, dtype=torch.int64)
+    margins = torch.empty(G, B, N, dtype=torch.uint8)
+    errors = torch.empty(G, B, N, dtype=torch.uint8)
+    factorizations = torch.empty(G, B, dtype=torch.int64)
     failed = lib.sv_active_set_chain(buf.data_ptr(), int(buf.dtype == torch.float64), G, N, buf.stride(0),
                                      buf.stride(1), *lazy_args, B, bounds_t.data_ptr(), ones.data_ptr(),
                                      work["margin"].data_ptr(), work["error"].data_ptr(), float(C), int(steps),
@@ -774,5 +778,6 @@ def run_active_set_chain(lib: ctypes.CDLL, gram, bounds: list[int], margin: torc
         raise MemoryError("sv_active_set_chain: the kernel could not allocate its workspace")
     if lazy:
         parent.rows_computed += int((parent.filled - filled_before).sum())
+    # (the kernel writes 0 / 1 bytes: read as bool in place)
     return {"alpha": alpha, "g": g, "rho": rho, "settled": settled.bool(), "solves": solves,
-            "margin": margins.bool(), "error": errors.bool(), "factorizations": factorizations}
+            "margin": margins.view(torch.bool), "error": errors.view(torch.bool), "factorizations": factorizations}
