@@ -274,7 +274,7 @@ def _sgate_decode_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params:
     ys : K tensors ``[b, h, 1, dv]`` (``y_1 .. y_K`` of the row; the first K-1 are views into ``store``)
     out0 : ``[b, h, 1, dv]`` stock attention, or None
     """
-    if engine != "torch":
+    if engine != "torch" and not torch.compiler.is_compiling():  # (a compiled graph traces the torch row)
         if engine != "auto" and engine != "native":
             raise ValueError(f"engine must be 'auto', 'torch' or 'native', got {engine!r}")
         fast = sgate_decode_row(q, k, v, sc, params.rho, params.lam, store, with_stock)
