@@ -350,3 +350,18 @@ def test_fit_chain_refits_what_does_not_settle_and_equals_the_boundary_by_bounda
     for s, a in zip(bounds, fitted):
         exact = solve_batched(gram[:, :s, :s], torch.ones(G, s, dtype=torch.bool), C, ridge=0.0).alpha.clamp_min(0.0)
         assert a.shape == (G, s) and (a - exact).abs().max() < 1e-5
+    # refitted gates are written back: every gate is a view of one [G, B, N] tensor, zero past its boundary
+    stacked = warm_fit.stacked_gates(fitted, N)
+    assert stacked.shape == (G, len(bounds), N) and stacked.data_ptr() == fitted[0].data_ptr()
+    padded = torch.stack([torch.nn.functional.pad(a, (0, N - a.shape[1])) for a in fitted], 1)
+    assert torch.equal(stacked, padded)
+
+
+def test_stacked_gates_of_unrelated_tensors_is_their_padded_stack():
+    """Gates that are not views of one chain tensor are padded and stacked (a copy)."""
+    from sv_attention.svdd import warm_fit
+
+    fitted = [torch.rand(2, 3, dtype=torch.float64), torch.rand(2, 5, dtype=torch.float64)]
+    stacked = warm_fit.stacked_gates(fitted, 6)
+    assert stacked.shape == (2, 2, 6) and torch.equal(stacked[:, 0, :3], fitted[0])
+    assert torch.equal(stacked[:, 1, :5], fitted[1]) and not bool(stacked[:, 0, 3:].any() or stacked[:, 1, 5:].any())
