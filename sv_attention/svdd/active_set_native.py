@@ -57,6 +57,7 @@ typedef struct {
     const float *f; const double *d; int64_t n, ld; int64_t *slot;
     const float *kf; const double *kdb; int64_t kld, kd, N; double s2; int64_t *filled; int64_t cap; double *kn;
     const float *kt;  /* float keys transposed [kd, N]: a row is kd vectorised sweeps over the keys */
+    int64_t *len;  /* a chain: columns computed per stored row (rows grow with the boundary); NULL: whole rows */
 } gram_t;
 
 /* exp(x) for x <= 0 in float (Cephes' expf polynomial after reduction by ln 2, vectorisable, relative error
@@ -76,44 +77,66 @@ static inline float exp_neg_f(float x) {
 
 /* the RBF row of key i, exp(-max(|k_i|^2 + |k_j|^2 - 2 k_i.k_j, 0) / sigma^2) for j < N (1 at j = i), into a
    free store row; 0 on success, 1 when the store is full */
-static int compute_row(gram_t *K, int64_t i) {
-    if (*K->filled >= K->cap) return 1;
-    int64_t r = (*K->filled)++;
+/* columns [j0, j1) of key i's RBF row into row (entry (i, j) depends on i and j only: a row computed in pieces
+   equals one computed whole, bit for bit) */
+static void row_columns(const gram_t *K, int64_t i, void *row_out, int64_t j0, int64_t j1) {
     const int64_t N = K->N, kd = K->kd;
     const double inv = 1.0 / K->s2;
     if (K->kdb) {
         const double *ki = K->kdb + i * K->kld;
-        double *row = (double *)K->d + r * K->ld;
-        for (int64_t j = 0; j < N; j++) {
+        double *row = (double *)row_out;
+        for (int64_t j = j0; j < j1; j++) {
             const double *kj = K->kdb + j * K->kld;
             double dot = 0.0;
             for (int64_t t = 0; t < kd; t++) dot += ki[t] * kj[t];
             double d2 = K->kn[i] + K->kn[j] - 2.0 * dot;
             row[j] = exp(-(d2 > 0.0 ? d2 : 0.0) * inv);
         }
-        row[i] = 1.0;
+        if (i >= j0 && i < j1) row[i] = 1.0;
     } else {
         const float *ki = K->kf + i * K->kld;
-        float *row = (float *)K->f + r * K->ld;
-        memset(row, 0, (size_t)N * sizeof(float));
+        float *row = (float *)row_out;
+        memset(row + j0, 0, (size_t)(j1 - j0) * sizeof(float));
         for (int64_t t = 0; t < kd; t++) {  /* k_i . k_j for every j: one sweep per feature */
             const float a = ki[t], *kt = K->kt + t * N;
-            for (int64_t j = 0; j < N; j++) row[j] += a * kt[j];
+            for (int64_t j = j0; j < j1; j++) row[j] += a * kt[j];
         }
         const float fi = (float)inv, ni = (float)K->kn[i];
-        for (int64_t j = 0; j < N; j++) {
+        for (int64_t j = j0; j < j1; j++) {
             float d2 = ni + (float)K->kn[j] - 2.0f * row[j];
             row[j] = exp_neg_f(-(d2 > 0.0f ? d2 : 0.0f) * fi);
         }
-        row[i] = 1.0f;
+        if (i >= j0 && i < j1) row[i] = 1.0f;
     }
+}
+
+static inline void *row_ptr(const gram_t *K, int64_t r) {
+    return K->d ? (void *)((double *)K->d + r * K->ld) : (void *)((float *)K->f + r * K->ld);
+}
+
+/* the RBF row of key i, exp(-max(|k_i|^2 + |k_j|^2 - 2 k_i.k_j, 0) / sigma^2) (1 at j = i), into a free store
+   row: all N columns, or (a chain) the first n, grown later by ensure_row; 0 on success, 1 when the store is full */
+static int compute_row(gram_t *K, int64_t i) {
+    if (*K->filled >= K->cap) return 1;
+    int64_t r = (*K->filled)++;
+    const int64_t upto = K->len ? K->n : K->N;
+    row_columns(K, i, row_ptr(K, r), 0, upto);
+    if (K->len) K->len[i] = upto;
     K->slot[i] = r;
     return 0;
 }
 
-/* make row i available (computing it into a lazy store when the keys are given); 0 on success */
+/* make row i available over the problem's n columns (computing it into a lazy store when the keys are
+   given, or the columns a chain's growing boundary adds); 0 on success */
 static inline int ensure_row(gram_t *K, int64_t i) {
-    if (!K->slot || K->slot[i] >= 0) return 0;
+    if (!K->slot) return 0;
+    if (K->slot[i] >= 0) {
+        if (K->len && K->len[i] < K->n) {
+            row_columns(K, i, row_ptr(K, K->slot[i]), K->len[i], K->n);
+            K->len[i] = K->n;
+        }
+        return 0;
+    }
     if (!K->kf && !K->kdb) return 1;
     return compute_row(K, i);
 }
@@ -141,6 +164,7 @@ typedef struct {
                            grows, so a factor carries across sizes and stays compact (a stride of the problem
                            size, a power of two, made its rows collide in the caches) */
     int64_t factorizations;  /* Cholesky factorisations from scratch since the caller last reset it */
+    int64_t *rowlen; int partial;  /* a chain on a row store: columns computed per key's row (gram_t.len) */
 } work_t;
 
 /* room for a factor of m rows, keeping the first `keep` rows of the current one; 0 on success */
@@ -238,7 +262,8 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
     const int64_t n = jb->n;
     const double C = jb->C, tol = jb->tol, ridge = jb->ridge;
     gram_t K = {NULL, NULL, n, jb->ld, jb->slot ? jb->slot + p * jb->slot_stride : NULL,
-                NULL, NULL, jb->k_ld, jb->kd, jb->N, 0.0, NULL, jb->cap, w->kn};
+                NULL, NULL, jb->k_ld, jb->kd, jb->N, 0.0, NULL, jb->cap, w->kn, NULL, NULL};
+    if (w->partial && jb->keys) K.len = w->rowlen;
     if (jb->is_double) K.d = (const double *)jb->gram + p * jb->pstride;
     else K.f = (const float *)jb->gram + p * jb->pstride;
     if (jb->keys) {  /* squared norms of the keys, for the rows computed here */
@@ -276,6 +301,8 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
     }
     if (carry_from > 0) {  /* the new keys: not on the margin; K 1_E extended to their columns */
         factored = 1; fresh = w->last_fresh; ns = w->last_ns;
+        if (K.len)  /* the rows read (margin and error keys) gain the new columns */
+            for (int64_t i = 0; i < carry_from; i++) if (mar[i] || err[i]) ensure_row(&K, i);
         for (int64_t i = carry_from; i < n; i++) { w->pos[i] = -1; w->KE[i] = 0.0; }
         for (int64_t e = 0; e < carry_from; e++) {
             if (!err[e]) continue;
@@ -431,15 +458,18 @@ static int work_alloc(work_t *w, int64_t n, int64_t N, int64_t kd) {  /* 0 on su
     w->aS = malloc(8 * (size_t)n * sizeof(double));
     w->kn = malloc((size_t)(N > 0 ? N : 1) * sizeof(double));
     w->S = malloc(3 * (size_t)n * sizeof(int64_t));
+    w->rowlen = malloc((size_t)(N > 0 ? N : 1) * sizeof(int64_t)); w->partial = 0;
     w->viol = malloc((size_t)n);
-    if (!w->L || !w->aS || !w->kn || !w->S || !w->viol || !w->kt) return 1;
+    if (!w->L || !w->aS || !w->kn || !w->S || !w->viol || !w->kt || !w->rowlen) return 1;
     w->z1 = w->aS + n; w->z2 = w->aS + 2 * n; w->hs = w->aS + 3 * n; w->Kc = w->aS + 4 * n;
     w->KE = w->aS + 5 * n; w->diag = w->aS + 6 * n;
     w->E = w->S + n; w->pos = w->S + 2 * n;
     return 0;
 }
 
-static void work_free(work_t *w) { free(w->L); free(w->aS); free(w->kn); free(w->S); free(w->viol); free(w->kt); }
+static void work_free(work_t *w) {
+    free(w->L); free(w->aS); free(w->kn); free(w->S); free(w->viol); free(w->kt); free(w->rowlen);
+}
 
 static void *worker(void *arg) {
     job_t *jb = (job_t *)arg;
@@ -502,6 +532,10 @@ static void *chain_worker(void *arg) {
         int64_t p = __atomic_fetch_add(&jb->next, 1, __ATOMIC_SEQ_CST);
         if (p >= jb->G) break;
         uint8_t *mar = jb->margin + p * N, *err = jb->error + p * N;
+        int64_t *slot_p = jb->keys ? jb->slot + p * jb->slot_stride : NULL;
+        /* a row store: rows computed here grow with the boundaries (rows stored before are whole) */
+        w.partial = slot_p != NULL;
+        if (slot_p) for (int64_t i = 0; i < N; i++) w.rowlen[i] = slot_p[i] >= 0 ? N : 0;
         for (int64_t b = 0; b < B; b++) {
             int64_t q = p * B + b;
             job_t sub = *jb;  /* one problem: the first s_b keys of problem p */
@@ -545,6 +579,9 @@ static void *chain_worker(void *arg) {
             ch->factorizations[q] = w.factorizations;
             w.factorizations = 0;
         }
+        /* rows the chain left short of N columns are dropped from the store (a later reader recomputes them) */
+        if (slot_p) for (int64_t i = 0; i < N; i++) if (slot_p[i] >= 0 && w.rowlen[i] < N) slot_p[i] = -1;
+        w.partial = 0;
     }
     work_free(&w);
     free(st);
