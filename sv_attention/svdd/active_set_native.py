@@ -126,6 +126,45 @@ static int compute_row(gram_t *K, int64_t i) {
     return 0;
 }
 
+/* the rows of the keys idx[0..m) (none stored yet), four at a time sharing each sweep over the transposed keys
+   (float keys; the same sums in the same order as row_columns: bit for bit its rows); 0 on success, 1 when the
+   store is full (the rows that fit are stored) */
+static int compute_rows(gram_t *K, const int64_t *idx, int64_t m) {
+    int64_t q = 0;
+    if (K->kf)
+        for (; q + 4 <= m && *K->filled + 4 <= K->cap; q += 4) {
+            const int64_t upto = K->len ? K->n : K->N, N = K->N;
+            float *r0 = (float *)row_ptr(K, *K->filled), *r1 = (float *)row_ptr(K, *K->filled + 1);
+            float *r2 = (float *)row_ptr(K, *K->filled + 2), *r3 = (float *)row_ptr(K, *K->filled + 3);
+            const float *k0 = K->kf + idx[q] * K->kld, *k1 = K->kf + idx[q + 1] * K->kld;
+            const float *k2 = K->kf + idx[q + 2] * K->kld, *k3 = K->kf + idx[q + 3] * K->kld;
+            memset(r0, 0, (size_t)upto * sizeof(float)); memset(r1, 0, (size_t)upto * sizeof(float));
+            memset(r2, 0, (size_t)upto * sizeof(float)); memset(r3, 0, (size_t)upto * sizeof(float));
+            for (int64_t t = 0; t < K->kd; t++) {
+                const float a0 = k0[t], a1 = k1[t], a2 = k2[t], a3 = k3[t], *kt = K->kt + t * N;
+                for (int64_t j = 0; j < upto; j++) {
+                    const float x = kt[j];
+                    r0[j] += a0 * x; r1[j] += a1 * x; r2[j] += a2 * x; r3[j] += a3 * x;
+                }
+            }
+            float *rows[4] = {r0, r1, r2, r3};
+            const float fi = (float)(1.0 / K->s2);
+            for (int u = 0; u < 4; u++) {
+                const int64_t i = idx[q + u];
+                float *row = rows[u]; const float ni = (float)K->kn[i];
+                for (int64_t j = 0; j < upto; j++) {
+                    float d2 = ni + (float)K->kn[j] - 2.0f * row[j];
+                    row[j] = exp_neg_f(-(d2 > 0.0f ? d2 : 0.0f) * fi);
+                }
+                if (i < upto) row[i] = 1.0f;
+                if (K->len) K->len[i] = upto;
+                K->slot[i] = (*K->filled)++;
+            }
+        }
+    for (; q < m; q++) if (compute_row(K, idx[q])) return 1;
+    return 0;
+}
+
 /* make row i available over the problem's n columns (computing it into a lazy store when the keys are
    given, or the columns a chain's growing boundary adds); 0 on success */
 static inline int ensure_row(gram_t *K, int64_t i) {
@@ -316,6 +355,11 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
         for (int64_t i = 0; i < n; i++) ne += err[i];
         if (!factored) {  /* margin slots in index order, K 1_E summed anew */
             ns = 0;
+            if (K.slot && (K.kf || K.kdb)) {  /* the missing rows first, computed together */
+                int64_t miss = 0;
+                for (int64_t i = 0; i < n; i++) if ((mar[i] || err[i]) && K.slot[i] < 0) w->E[miss++] = i;
+                if (compute_rows(&K, w->E, miss)) need = 1;
+            }
             for (int64_t i = 0; i < n; i++) {
                 w->pos[i] = -1;
                 if ((mar[i] || err[i]) && ensure_row(&K, i)) need = 1;
@@ -409,8 +453,14 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
         }
         /* few moves: update the factor (O(|S|^2) each) and K 1_E instead of recomputing them */
         int update = factored && 8 * moves <= ns + 8;
-        if (K.slot)
+        if (K.slot) {
+            if (K.kf || K.kdb) {  /* the missing rows of the keys joining the margin, computed together */
+                int64_t miss = 0;
+                for (int64_t i = 0; i < n; i++) if (w->viol[i] == 1 && K.slot[i] < 0) w->E[miss++] = i;
+                if (compute_rows(&K, w->E, miss)) { need = 1; update = 0; }
+            }
             for (int64_t i = 0; i < n; i++) if (w->viol[i] == 1 && ensure_row(&K, i)) { need = 1; update = 0; }
+        }
         for (int64_t i = 0; i < n; i++) {  /* margin keys leave first */
             if (w->viol[i] < 2) continue;
             mar[i] = 0; err[i] = w->viol[i] == 3;
