@@ -80,14 +80,6 @@ def fused_gated_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         return query.new_zeros(b, h, 0, dv)
     if q == 1:  # a decoding step: the bias is one row, a float mask costs less than widening every key
         return _one_row(query, key, value, visible, bias, scaling)
-    cols, onehot = gate_columns(bias, b, g, q, kv, query.dtype)
-    T = cols.shape[-1]
-    width = max(d + T, dv)
-    q2 = torch.cat([query * scaling, onehot[:, None].expand(b, h, q, T)], -1)
-    k2 = torch.cat([key, cols], -1)
-    if width > d + T:
-        q2, k2 = F.pad(q2, (0, width - d - T)), F.pad(k2, (0, width - d - T))
-    v2 = F.pad(value, (0, width - dv))
     empty = None
     seen_by = summarize(visible)  # remembered per mask: every layer of a forward reads the same one
     if seen_by.all_visible:  # a decoding step, an unpadded encoder: no mask
@@ -102,6 +94,15 @@ def fused_gated_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     else:
         visible, empty = _read_key_zero_if_blind(visible)
         mask = {"attn_mask": visible[:, None]}
+    # (built only here: the segment path above reads the keys as they are)
+    cols, onehot = gate_columns(bias, b, g, q, kv, query.dtype)
+    T = cols.shape[-1]
+    width = max(d + T, dv)
+    q2 = torch.cat([query * scaling, onehot[:, None].expand(b, h, q, T)], -1)
+    k2 = torch.cat([key, cols], -1)
+    if width > d + T:
+        q2, k2 = F.pad(q2, (0, width - d - T)), F.pad(k2, (0, width - d - T))
+    v2 = F.pad(value, (0, width - dv))
     out = F.scaled_dot_product_attention(q2, k2, v2, scale=1.0, enable_gqa=h != g, **mask)[..., :dv]
     if empty is not None:
         out = out * (~empty)[:, None, :, None].to(out.dtype)
