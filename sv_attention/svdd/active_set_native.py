@@ -537,10 +537,17 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* fn(arg) on `threads` threads (each takes units from a shared counter): the OpenMP pool torch uses where the
+   kernel was built with OpenMP (its workers are usually spinning from torch's last operation: no thread
+   competes with them), else POSIX threads started here */
 static int run_threads(void *(*fn)(void *), void *arg, int64_t units, int64_t threads) {
     if (threads > units) threads = units;
     if (threads < 1) threads = 1;
     if (threads > 64) threads = 64;
+#ifdef _OPENMP
+    #pragma omp parallel num_threads((int)threads)
+    { fn(arg); }
+#else
     pthread_t tid[64];
     int64_t started = 0;
     for (int64_t t = 1; t < threads; t++) {
@@ -549,7 +556,16 @@ static int run_threads(void *(*fn)(void *), void *arg, int64_t units, int64_t th
     }
     fn(arg);
     for (int64_t t = 1; t <= started; t++) pthread_join(tid[t], NULL);
+#endif
     return 0;
+}
+
+int sv_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 /* A chain of boundaries s_0 < s_1 < ... of a dense Gram [G, N, N] (rows ld apart): boundary b solves the

@@ -204,6 +204,28 @@ def test_the_kernel_is_compiled_once_into_the_cache(monkeypatch, tmp_path):
 
 
 @needs_kernel
+def test_without_openmp_the_kernel_starts_its_own_threads_with_the_same_results(monkeypatch, tmp_path):
+    """A compiler without OpenMP (here: flags it refuses) builds the POSIX-thread variant; it gives the same
+    gates as the OpenMP build, on one thread and on several."""
+    from sv_attention.svdd import active_set_native
+
+    gram = _gram(3, G=5, n=48)
+    G, n, _ = gram.shape
+    mask = torch.ones(G, n, dtype=torch.bool)
+    args = (gram, mask, mask.clone(), torch.zeros_like(mask), C, 64, 1e-9, 1e-10, 10.0, 3, None)
+    reference = active_set_native.run_active_set(active_set_native.kernel(), *args)
+    monkeypatch.setattr(native_build, "_LOADED", {})
+    monkeypatch.setenv("SV_ATTENTION_CACHE", str(tmp_path))
+    monkeypatch.setattr(native_build, "OPENMP_FLAGS", ("-fno-such-openmp-flag",))
+    lib = active_set_native.kernel()
+    assert lib is not None and not native_build.uses_openmp(lib)
+    for threads in (1, 3):
+        monkeypatch.setattr(active_set_native, "outer_threads", lambda t=threads: t)
+        got = active_set_native.run_active_set(lib, *args)
+        assert torch.equal(got["alpha"], reference["alpha"]) and torch.equal(got["margin"], reference["margin"])
+
+
+@needs_kernel
 def test_a_slice_of_a_larger_gram_is_read_in_place_with_the_same_result():
     """The prefill fits boundary s on the view ``full[..., :s, :s]``: rows ld > s apart, no copy."""
     full = _gram(13, n=128)
