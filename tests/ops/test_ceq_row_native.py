@@ -89,3 +89,18 @@ def test_without_the_kernel_the_torch_row_answers(monkeypatch):
     ys, out = _sgate_decode_row(q, k, v, params, 0.3, [t.clone() for t in store], True)
     ys_t, out_t = _sgate_decode_row(q, k, v, params, 0.3, [t.clone() for t in store], True, engine="torch")
     assert torch.equal(out, out_t) and all(torch.equal(a, c) for a, c in zip(ys, ys_t, strict=True))
+
+
+@needs_kernel
+def test_rows_on_several_threads_equal_one_thread(monkeypatch):
+    """Each (sequence, kv head) is one unit of work: the thread count changes nothing, bit for bit."""
+    params = CeqParams(operator="sgate", rho=1.3, lam=0.2, hops=3)
+    q, k, v, store = _inputs(3, 8, 2, 200, 32, 32, 3, torch.float32, seed=3)
+    results = []
+    for threads in (1, 4):
+        monkeypatch.setattr(row_native, "ROW_THREADS", threads)
+        st = [t.clone() for t in store]
+        ys, out = _sgate_decode_row(q, k, v, params, 0.3, st, True, engine="native")
+        results.append(([y.clone() for y in ys], out, st))
+    (ys1, out1, st1), (ys4, out4, st4) = results
+    assert torch.equal(out1, out4) and all(torch.equal(a, c) for a, c in zip(ys1 + st1, ys4 + st4, strict=True))

@@ -21,14 +21,16 @@ import ctypes
 
 import torch
 
-from sv_attention.svdd.native_build import load_kernel
+from sv_attention.svdd.native_build import load_kernel, uses_openmp
+from sv_attention.threads import outer_threads
 
 NAME = "sv_ceq_row"
 
-#: POSIX threads per row. One: inside a model the caller's torch threads are still spinning from the
-#: projections when the row starts, and a second kernel thread competes with them (measured in a 4-layer Llama at
-#: 2048 keys: 575 us per row with two threads, 356 us with one; the row is memory-bound there).
-ROW_THREADS = 1
+#: Threads per row: torch's intra-op count where the kernel was built with OpenMP (it then runs on torch's own
+#: pool: in a 4-layer Llama at 2048 keys the decode went from 1.61x to 1.44x sdpa against the torch row), one
+#: where it starts POSIX threads (those compete with torch's spinning workers: 575 us per row with two, 356 us
+#: with one, measured at 2048 keys). None: that rule; an int: a fixed count.
+ROW_THREADS: int | None = None
 #: Keys per block (a block of keys and values, 2 x BLOCK x head size values, stays in the L1 cache).
 BLOCK = 64
 #: Largest value head size the kernel takes (its accumulators live on the stack).
@@ -40,6 +42,14 @@ SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+int sv_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 #define BLOCK """ + str(BLOCK) + r"""
 #define MAXDV """ + str(MAX_VALUE_DIM) + r"""
@@ -205,6 +215,10 @@ int sv_ceq_sgate_row(int is_double, int64_t B, int64_t H, int64_t HKV, int64_t d
     if (threads > units) threads = units;
     if (threads < 1) threads = 1;
     if (threads > 64) threads = 64;
+#ifdef _OPENMP
+    #pragma omp parallel num_threads((int)threads)
+    { row_worker(&ra); }
+#else
     pthread_t tid[64];
     int64_t started = 0;
     for (int64_t t = 1; t < threads; t++) {
@@ -213,6 +227,7 @@ int sv_ceq_sgate_row(int is_double, int64_t B, int64_t H, int64_t HKV, int64_t d
     }
     row_worker(&ra);
     for (int64_t t = 1; t <= started; t++) pthread_join(tid[t], NULL);
+#endif
     return jb.failed;
 }
 """
@@ -230,6 +245,13 @@ def kernel() -> ctypes.CDLL | None:
                                          _i64, _ptr, _ptr, _f64, _f64, _f64, ctypes.c_int, _ptr, _ptr, _i64]
         lib._sv_typed = True
     return lib
+
+
+def _threads(lib: ctypes.CDLL) -> int:
+    """Threads for one row (see :data:`ROW_THREADS`)."""
+    if ROW_THREADS is not None:
+        return ROW_THREADS
+    return outer_threads() if uses_openmp(lib) else 1
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: list[torch.Tensor]) -> bool:
@@ -277,7 +299,7 @@ def sgate_decode_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc: floa
                                   v.data_ptr(), v.stride(0), v.stride(1), v.stride(2),
                                   len(store), ptrs, ctypes.addressof(strides), float(sc), c, c * lam,
                                   int(with_stock), None if out0 is None else out0.data_ptr(), last.data_ptr(),
-                                  ROW_THREADS)
+                                  _threads(lib))
     if failed:
         raise MemoryError("sv_ceq_sgate_row: the kernel could not allocate its scratch")
     off = e - 1
