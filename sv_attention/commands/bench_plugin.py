@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", type=int, default=8, help="attention heads (default 8)")
     parser.add_argument("--kv-heads", type=int, default=2, help="key/value heads (default 2)")
     parser.add_argument("--chunk", type=int, default=64, help="sv_attention chunk (default 64)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per implementation (default 5)")
+    parser.add_argument("--repeats", type=int, default=9,
+                        help="timed runs per implementation (default 9: the minimum of each is steadier on a shared machine)")
     parser.add_argument("--sv-repeats", type=int, default=None,
                         help="timed runs of sv_attention (default: --repeats; at most --repeats)")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
