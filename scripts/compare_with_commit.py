@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -46,8 +47,9 @@ def worktree(sha: str, tmp: str | Path) -> Iterator[Path]:
 
 
 def dig(data, path: str):
-    """``a.b`` walks dicts; ``rows[name=x,context=512]`` picks the one list element with those fields."""
-    for part in path.split("."):
+    """``a.b`` walks dicts; ``rows[name=x,context=512]`` picks the one list element with those fields (a dot
+    inside the brackets belongs to a value: ``rows[name=ceq_a0.05]``)."""
+    for part in re.findall(r"[^.\[]+(?:\[[^\]]*\])?", path):
         if "[" in part:
             key, sel = part[:-1].split("[", 1)
             conds = dict(c.split("=", 1) for c in sel.split(","))
