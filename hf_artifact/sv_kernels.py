@@ -72,6 +72,20 @@ def rbf_gram(a: torch.Tensor, b: torch.Tensor | None = None, sigma: float | torc
     return torch.exp(-d2 / s2)
 
 
+_UPPER_PAIRS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _upper_pairs(n: int, device: torch.device) -> torch.Tensor:
+    """``torch.triu_indices(n, n, 1)`` (kept per size and device: every gate call of a layer asks for it)."""
+    key = (n, device)
+    t = _UPPER_PAIRS.get(key)
+    if t is None:
+        if len(_UPPER_PAIRS) > 16:
+            _UPPER_PAIRS.clear()
+        t = _UPPER_PAIRS[key] = torch.triu_indices(n, n, offset=1, device=device)
+    return t
+
+
 def median_bandwidth(keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Median pairwise distance of the keys, the default bandwidth rule.
 
@@ -87,7 +101,7 @@ def median_bandwidth(keys: torch.Tensor, mask: torch.Tensor | None = None) -> to
     """
     n = keys.shape[-2]
     d = pairwise_sq_dists(keys.detach(), keys.detach()).sqrt()
-    iu = torch.triu_indices(n, n, offset=1, device=keys.device)
+    iu = _upper_pairs(n, keys.device)
     vals = d[..., iu[0], iu[1]]  # [..., P]
     if mask is not None:
         pm = mask[..., iu[0]] & mask[..., iu[1]]

@@ -22,6 +22,7 @@ import torch
 
 from .sv_errors import InvalidInputError
 from .sv_ops_ceq_common import DEFAULT_CHUNK, CeqParams, visible_block
+from .sv_ops_ceq_row_native import sgate_decode_row
 
 
 def _grouped(x: torch.Tensor, hkv: int) -> torch.Tensor:
@@ -246,7 +247,8 @@ def _row_bias(n: int, e: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def _sgate_decode_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: CeqParams, sc: float,
-                      store: list[torch.Tensor], with_stock: bool) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+                      store: list[torch.Tensor], with_stock: bool,
+                      engine: str = "auto") -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """One decoding query (``q_len == 1``, no mask, ``kv_len >= 2``) of the sgate hop engine, in few kernels.
 
     The same quantities as :func:`_hop_blocks` for that row (to rounding: the scale multiplies ``q k^T``
@@ -265,12 +267,24 @@ def _sgate_decode_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params:
     store : K-1 tensors ``[b, h, >= kv_len, dv]`` (rows ``[:off]`` read, row ``off`` written), as for
         :func:`_hop_blocks`.
     with_stock : also return the stock softmax attention of the row (else the stock kind is left out).
+    engine : ``"auto"`` (the C kernel :func:`sv_attention.ops.ceq.row_native.sgate_decode_row` where it runs,
+        else the torch operations below), ``"torch"`` (the torch operations: the reference) or ``"native"``
+        (the kernel; :class:`RuntimeError` where it cannot run)
 
     Returns
     -------
     ys : K tensors ``[b, h, 1, dv]`` (``y_1 .. y_K`` of the row; the first K-1 are views into ``store``)
     out0 : ``[b, h, 1, dv]`` stock attention, or None
     """
+    if engine != "torch" and not torch.compiler.is_compiling():  # (a compiled graph traces the torch row)
+        if engine != "auto" and engine != "native":
+            raise ValueError(f"engine must be 'auto', 'torch' or 'native', got {engine!r}")
+        fast = sgate_decode_row(q, k, v, sc, params.rho, params.lam, store, with_stock)
+        if fast is not None:
+            return fast
+        if engine == "native":
+            raise RuntimeError("the native ceq row kernel cannot run here (no compiler, SV_ATTENTION_NATIVE=0, "
+                               "or inputs it does not take)")
     b, h, _, d = q.shape
     hkv, e = k.shape[1], k.shape[2]
     dv = v.shape[-1]

@@ -24,7 +24,7 @@ import warnings
 import torch
 
 from .sv_svdd_polish import fixed_partition_solve, polish_ridge
-from .sv_svdd_warm_fit import fit_chain, fit_warm, partition_from_alpha, prefix_of
+from .sv_svdd_warm_fit import fit_chain, fit_warm, partition_from_alpha, prefix_of, stacked_gates
 
 #: Counters of what the gate did in this process (fits, solver statuses, reuse); see :func:`gate_stats`.
 STATS: dict[str, int] = {}
@@ -189,7 +189,7 @@ def fit_chain_from(gram: torch.Tensor, bounds: list[int], previous: torch.Tensor
     if fitted is None:
         return None
     G, N, _ = gram.shape
-    stacked = torch.stack([torch.nn.functional.pad(a, (0, N - a.shape[1])) for a in fitted], 1)  # [G, B, N]
+    stacked = stacked_gates(fitted, N)  # [G, B, N]
     bad = invalid_gates(stacked.reshape(G * len(bounds), N), C).view(G, len(bounds)).any(0)
     for b in bad.nonzero().flatten().tolist():  # (feasibility of every boundary checked at once)
         fitted[b] = ensure_valid(prefix_of(gram, bounds[b]), fitted[b], C, solve=solve)

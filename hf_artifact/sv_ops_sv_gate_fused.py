@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .sv_ops_sv_gate_gate import GateBias
+from .sv_ops_sv_gate_visibility import summarize
 
 #: Stand-in for ``log 0`` in the key columns (exp(NEG_BIAS + x) == 0 for any logit x in fp32 / fp64).
 NEG_BIAS = -1e30
@@ -81,18 +82,11 @@ def fused_gated_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         return query.new_zeros(b, h, 0, dv)
     if q == 1:  # a decoding step: the bias is one row, a float mask costs less than widening every key
         return _one_row(query, key, value, visible, bias, scaling)
-    cols, onehot = gate_columns(bias, b, g, q, kv, query.dtype)
-    T = cols.shape[-1]
-    width = max(d + T, dv)
-    q2 = torch.cat([query * scaling, onehot[:, None].expand(b, h, q, T)], -1)
-    k2 = torch.cat([key, cols], -1)
-    if width > d + T:
-        q2, k2 = F.pad(q2, (0, width - d - T)), F.pad(k2, (0, width - d - T))
-    v2 = F.pad(value, (0, width - dv))
     empty = None
-    if bool(visible.all()):  # a decoding step, an unpadded encoder: no mask
+    seen_by = summarize(visible)  # remembered per mask: every layer of a forward reads the same one
+    if seen_by.all_visible:  # a decoding step, an unpadded encoder: no mask
         mask: dict = {}
-    elif q == kv and bool(torch.equal(visible, _causal(q, visible.device).expand(b, q, kv))):
+    elif seen_by.plain_causal:
         if q >= SEGMENTS_MIN_ROWS and isinstance(bias, GateBias) and not (torch.is_grad_enabled() and any(
                 t.requires_grad for t in (query, key, value, bias.log_table))):
             out = _causal_by_segments(query, key, value, bias, scaling)
@@ -102,6 +96,15 @@ def fused_gated_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     else:
         visible, empty = _read_key_zero_if_blind(visible)
         mask = {"attn_mask": visible[:, None]}
+    # (built only here: the segment path above reads the keys as they are)
+    cols, onehot = gate_columns(bias, b, g, q, kv, query.dtype)
+    T = cols.shape[-1]
+    width = max(d + T, dv)
+    q2 = torch.cat([query * scaling, onehot[:, None].expand(b, h, q, T)], -1)
+    k2 = torch.cat([key, cols], -1)
+    if width > d + T:
+        q2, k2 = F.pad(q2, (0, width - d - T)), F.pad(k2, (0, width - d - T))
+    v2 = F.pad(value, (0, width - dv))
     out = F.scaled_dot_product_attention(q2, k2, v2, scale=1.0, enable_gqa=h != g, **mask)[..., :dv]
     if empty is not None:
         out = out * (~empty)[:, None, :, None].to(out.dtype)
@@ -119,10 +122,12 @@ def _causal_by_segments(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
 
     The rows of a segment (a run of rows reading the same gate slot: a chunk, or the ungated chunks of the
     warm-up) see the keys before the segment with the slot's log-gate, and the keys of their own segment
-    causally with bias 0 (a slot's gate covers only keys before its boundary). So each segment is two SDPA
-    calls at the model's own head dimension -- the earlier keys with the gate row as a float mask (broadcast
-    over the rows), the segment itself with ``is_causal`` -- merged by their log-sum-exps (torch's CPU flash
-    kernel returns them). Against the one fused call (31 gate columns next to each key's features) this
+    causally with bias 0 (a slot's gate covers only keys before its boundary). So each segment is two flash
+    attentions at the model's own head dimension -- the earlier keys with the gate row as a float mask
+    (broadcast over the rows; the query heads of a kv head stacked as rows, so neither the keys nor the mask
+    are expanded per head), the segment itself with ``is_causal`` (all segments of one length in one call,
+    :func:`_causal_blocks`) -- merged by their log-sum-exps (torch's CPU flash kernel returns them), in one
+    pass over all the rows. Against the one fused call (31 gate columns next to each key's features) this
     halves the work of a long prefill. Returns None (the caller uses the fused call) when the rows of the
     batch read different slots, a slot's bias is not 0 inside its own segment, or the values' head size
     differs from the queries'.
@@ -144,21 +149,60 @@ def _causal_by_segments(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     if not bool((own == 0).all()):
         return None
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out = query.new_empty(b, h, q, value.shape[-1])
-    for (r0, r1), i in zip(bounds, slots):
-        rows = query[:, :, r0:r1]
-        local, lse_local = flash(rows, key[:, :, r0:r1], value[:, :, r0:r1], 0.0, True, scale=scaling)
-        if r0 == 0:
-            out[:, :, r0:r1] = local
-            continue
-        gate_row = table[:, :, i, None, :r0].clamp_min(NEG_BIAS)  # [b, g, 1, r0]
-        mask = gate_row.repeat_interleave(h // g, 1) if bool(gate_row.any()) else None
-        prefix, lse_prefix = flash(rows, key[:, :, :r0], value[:, :, :r0], 0.0, False, attn_mask=mask, scale=scaling)
-        top = torch.maximum(lse_local, lse_prefix)
-        w_local, w_prefix = (lse_local - top).exp_(), (lse_prefix - top).exp_()
-        total = w_local + w_prefix
-        out[:, :, r0:r1] = (local * (w_local / total)[..., None]).add_(prefix * (w_prefix / total)[..., None])
+    r = h // g
+    out = query.new_empty(b, h, q, d)
+    # the first segment sees no earlier key: its causal block is its output
+    r0, r1 = bounds[0]
+    out[:, :, r0:r1] = flash(query[:, :, r0:r1], key[:, :, r0:r1], value[:, :, r0:r1], 0.0, True, scale=scaling)[0]
+    if len(bounds) == 1:
+        return out
+    start = bounds[1][0]
+    local, lse_local = _causal_blocks(query, key, value, bounds[1:], scaling)  # [b, h, q - start, d], [b, h, q - start]
+    prefix = query.new_empty(b, h, q - start, d)
+    lse_prefix = query.new_empty(b, h, q - start)
+    for (r0, r1), i in zip(bounds[1:], slots[1:]):
+        # the r query heads of a kv head as r (r1 - r0) rows of one call: the gate row [b, g, 1, r0] is the float
+        # mask of all of them, broadcast, and the keys are not expanded per query head
+        rows = query[:, :, r0:r1].reshape(b, g, r * (r1 - r0), d)
+        gate_row = table[:, :, i, None, :r0].clamp_min(NEG_BIAS)
+        o, lse = flash(rows, key[:, :, :r0], value[:, :, :r0], 0.0, False, attn_mask=gate_row, scale=scaling)
+        prefix[:, :, r0 - start:r1 - start] = o.reshape(b, h, r1 - r0, d)
+        lse_prefix[:, :, r0 - start:r1 - start] = lse.reshape(b, h, r1 - r0)
+    # the two parts of every row, weighted by their log-sum-exps (one pass over all the gated rows)
+    top = torch.maximum(lse_local, lse_prefix)
+    w_local, w_prefix = lse_local.sub_(top).exp_(), lse_prefix.sub_(top).exp_()
+    total = w_local + w_prefix
+    torch.mul(local, w_local.div_(total)[..., None], out=out[:, :, start:])
+    out[:, :, start:].addcmul_(prefix, w_prefix.div_(total)[..., None])
     return out
+
+
+def _causal_blocks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: list[tuple[int, int]],
+                   scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention of each segment of ``bounds`` (consecutive, from ``bounds[0][0]`` to the end) on its
+    own keys, with its log-sum-exps: ``[b, h, rows, d]`` and ``[b, h, rows]``. Segments of one length run as
+    the batch of one flash call (a prefill's chunks: one call instead of one per chunk)."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    b, h, _, d = query.shape
+    start, end = bounds[0][0], bounds[-1][1]
+    length = bounds[0][1] - bounds[0][0]
+    m = 1  # the leading run of segments of one length, batched
+    while m < len(bounds) and bounds[m][1] - bounds[m][0] == length:
+        m += 1
+    mid = start + m * length
+
+    def blocks(x: torch.Tensor) -> torch.Tensor:  # [b, H, m L, d] -> [b m, H, L, d]
+        x = x[:, :, start:mid]
+        return x.reshape(b, x.shape[1], m, length, d).transpose(1, 2).reshape(b * m, x.shape[1], length, d)
+
+    o, lse = flash(blocks(query), blocks(key), blocks(value), 0.0, True, scale=scaling)
+    local = o.reshape(b, m, h, length, d).transpose(1, 2).reshape(b, h, m * length, d)
+    lse_local = lse.reshape(b, m, h, length).transpose(1, 2).reshape(b, h, m * length)
+    if mid == end:
+        return local, lse_local
+    rest = [flash(query[:, :, r0:r1], key[:, :, r0:r1], value[:, :, r0:r1], 0.0, True, scale=scaling)
+            for r0, r1 in bounds[m:]]
+    return torch.cat([local] + [p[0] for p in rest], 2), torch.cat([lse_local] + [p[1] for p in rest], 2)
 
 
 def _one_row(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
@@ -189,17 +233,3 @@ def _read_key_zero_if_blind(visible: torch.Tensor) -> tuple[torch.Tensor, torch.
     if not bool(empty.any()):
         return visible, None
     return visible | (empty[:, :, None] & (torch.arange(visible.shape[-1], device=visible.device) == 0)), empty
-
-
-_CAUSAL: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-
-def _causal(n: int, device: torch.device) -> torch.Tensor:
-    """The ``[1, n, n]`` lower-triangular visibility (kept: a prefill compares against it in every layer)."""
-    key = (n, device)
-    t = _CAUSAL.get(key)
-    if t is None:
-        if len(_CAUSAL) > 16:
-            _CAUSAL.clear()
-        t = _CAUSAL[key] = torch.ones(n, n, dtype=torch.bool, device=device).tril()[None]
-    return t

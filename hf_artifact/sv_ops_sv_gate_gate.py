@@ -89,6 +89,8 @@ def observe_gates(callback: Callable[[int, torch.Tensor], None]) -> Iterator[Non
 def safe_log(weights: torch.Tensor) -> torch.Tensor:
     """``log(w)`` with ``-inf`` where ``w <= 0`` and a zero (not NaN) gradient there."""
     pos = weights > 0
+    if not (weights.requires_grad and torch.is_grad_enabled()):  # no gradient: log 0 = -inf does it in one pass
+        return torch.log(torch.where(pos, weights, 0.0))
     return torch.where(pos, torch.log(torch.where(pos, weights, torch.ones_like(weights))),
                        torch.full_like(weights, float("-inf")))
 
@@ -230,20 +232,26 @@ def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, 
             sig = torch.where(need, bandwidth(kbp(), sched.lengths, settings.chunk).to(dt), sig)
 
     bounds = sched.boundaries()
-    rows_of = [(sched.full & (sched.boundary == s)).any(-1) for s in bounds]  # [b] sequences reading s
+    S = len(bounds)
+    bounds_t = torch.tensor(bounds, dtype=torch.long, device=key.device)
+    # reads[b, i]: sequence b has a full-attention query reading boundary i (one pass for every boundary)
+    reads = (sched.full[:, None, :] & (sched.boundary[:, None, :] == bounds_t[None, :, None])).any(-1)
+    rows_of = list(reads.unbind(1))  # [b] sequences reading each boundary
+    have = torch.zeros_like(reads)  # gates kept in the state (decoding), not refitted
     alphas: list[torch.Tensor] = []
-    todo: list[tuple[int, int, torch.Tensor]] = []  # (boundary index, s, sequences to fit)
+    zeros = torch.zeros(b, g, S, max(bounds, default=0), dtype=dt, device=key.device)  # one fill, a view each
     for i, s in enumerate(bounds):
-        alpha = torch.zeros(b, g, s, dtype=dt, device=key.device)
-        have = torch.zeros(b, dtype=torch.bool, device=key.device)
+        alpha = zeros[:, :, i, :s]
         if state is not None and s in state.gates and detach:
-            have = state.done[s] & rows_of[i]
-            alpha = torch.where(have[:, None, None], state.gates[s].to(dt), alpha)
-            count("reused", int(have.sum()))
-        need = rows_of[i] & ~have
-        if bool(need.any()):
-            todo.append((i, s, need.nonzero().flatten()))
+            have[:, i] = state.done[s] & rows_of[i]
+            alpha = torch.where(have[:, i, None, None], state.gates[s].to(dt), alpha)
+            count("reused", int(have[:, i].sum()))
         alphas.append(alpha)
+    need = reads & ~have
+    todo: list[tuple[int, int, torch.Tensor]] = []  # (boundary index, s, sequences to fit)
+    for i, rows in enumerate(need.T.tolist()):
+        if any(rows):
+            todo.append((i, bounds[i], torch.tensor([r for r, x in enumerate(rows) if x], device=key.device)))
     if todo:
         if settings.solver == "exact":
             from .sv_ops_sv_gate_exact import exact_gates
@@ -256,7 +264,7 @@ def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, 
                 state = state or GateState.new(key, sig)
                 state.exact, state.exact_ingested = exact_solvers
         else:
-            _fit_batched(alphas, bounds, rows_of, todo, kbp, sig, settings, state, d)
+            _fit_batched(alphas, bounds, reads & ~need, todo, kbp, sig, settings, state, d)
     if not detach:  # the same gates, recomputed on a Gram that carries the keys' autograd graph
         kbp_grad = sched.keys_by_position(key, P)
         for i, s in enumerate(bounds):
@@ -265,10 +273,9 @@ def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, 
             gram = rbf_gram(keys, sigma=sig[rows].reshape(-1)[:, None, None].detach())
             grad_alpha = differentiable_gate(gram, alphas[i][rows].reshape(-1, s), settings.box)
             alphas[i] = alphas[i].index_copy(0, rows, grad_alpha.reshape(len(rows), g, s))
-    for i, s in enumerate(bounds):
-        for observer in _OBSERVERS:
+    for observer in _OBSERVERS:
+        for i, s in enumerate(bounds):
             observer(s, alphas[i][rows_of[i]].detach())
-    S = len(bounds)
     table = torch.ones(b, g, S + 1, P, dtype=dt, device=key.device)  # slot S: "ungated"
     for i in range(S):
         a = alphas[i].clamp_min(settings.gate_floor) if settings.gate_floor > 0 else alphas[i]
@@ -282,11 +289,15 @@ def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, 
         table = torch.cat([table[:, :, :S], rows, table[:, :, S:]], 2)
     if keep_state:
         state = state or GateState.new(key, sig)
+        every = reads.all(0).tolist()  # boundaries every sequence reads: the new gate replaces the kept one
         for i, s in enumerate(bounds):
-            rows = rows_of[i]
-            prev = state.gates.get(s, torch.zeros(b, g, s, dtype=dt, device=key.device))
-            state.gates[s] = torch.where(rows[:, None, None], alphas[i].detach(), prev)
-            state.done[s] = state.done.get(s, torch.zeros(b, dtype=torch.bool, device=key.device)) | rows
+            if every[i] or s not in state.gates:
+                state.gates[s] = alphas[i].detach() if every[i] else torch.where(
+                    rows_of[i][:, None, None], alphas[i].detach(), torch.zeros_like(alphas[i]))
+                state.done[s] = rows_of[i].clone()
+            else:
+                state.gates[s] = torch.where(rows_of[i][:, None, None], alphas[i].detach(), state.gates[s])
+                state.done[s] = state.done[s] | rows_of[i]
         state.record(key, sig)
         # later queries only read their current boundary or later ones: drop older gates (state stays O(kv))
         qpos_last = sched.query_position[:, -1]
@@ -294,9 +305,9 @@ def causal_gate(key: torch.Tensor, visible: torch.Tensor, settings: SVSettings, 
         oldest = int(last.min())
         for s_old in [s_ for s_ in state.gates if s_ < oldest]:
             del state.gates[s_old], state.done[s_old]
-    slot = torch.full((b, q), S + len(windows), dtype=torch.long, device=key.device)
-    for i, s in enumerate(bounds):
-        slot = torch.where(sched.full & (sched.boundary == s), torch.full_like(slot, i), slot)
+    # a full-attention query reads the slot of its boundary (every such boundary is in ``bounds``, ascending)
+    slot = torch.where(sched.full, torch.searchsorted(bounds_t, sched.boundary),
+                       torch.full((b, q), S + len(windows), dtype=torch.long, device=key.device))
     for j, (a, s) in enumerate(windows):
         hit = sched.windowed & (sched.start == a) & (sched.boundary == s)
         slot = torch.where(hit, torch.full_like(slot, S + j), slot)
@@ -532,12 +543,13 @@ def _set_slot(table: torch.Tensor, i: int, alpha: torch.Tensor) -> torch.Tensor:
     return torch.cat([table[:, :, :i], row[:, :, None], table[:, :, i + 1:]], 2)
 
 
-def _fit_batched(alphas: list[torch.Tensor], bounds: list[int], rows_of: list[torch.Tensor],
+def _fit_batched(alphas: list[torch.Tensor], bounds: list[int], ready: torch.Tensor,
                  todo: list[tuple[int, int, torch.Tensor]], kbp, sig: torch.Tensor, settings: SVSettings,
                  state: GateState | None, d: int) -> None:
     """Fit every missing (boundary, sequence) gate of ``todo`` in place into ``alphas`` (no autograd):
     warm from the gate of the previous boundary ``s - chunk`` where it is known (fitted just before, or
-    kept in the decoding state), else cold; boundaries in increasing order so each warm start is ready."""
+    kept in the decoding state), else cold; boundaries in increasing order so each warm start is ready.
+    ``ready`` (bool ``[b, len(bounds)]``) marks the gates of ``alphas`` already known (kept in the state)."""
     keys = kbp()
     b, g = keys.shape[:2]
     dt, dev = keys.dtype, keys.device
@@ -555,12 +567,8 @@ def _fit_batched(alphas: list[torch.Tensor], bounds: list[int], rows_of: list[to
     if state is not None:
         for s_, a_ in state.gates.items():
             known[s_] = (a_.to(dt), state.done[s_].clone())
-    pending = {i: rows for i, _, rows in todo}
     for i, s in enumerate(bounds):
-        have_i = rows_of[i].clone()
-        if i in pending:
-            have_i[pending[i]] = False
-        known[s] = (alphas[i], have_i)  # (rows outside rows_of[i] are not in alphas[i])
+        known[s] = (alphas[i], ready[:, i])  # (rows not ready are not in alphas[i] yet)
     with torch.no_grad():
         chain = _chain_of(todo, known, chunk, b, g, dense)
         if chain is not None:

@@ -59,6 +59,7 @@ typedef struct {
     const float *f; const double *d; int64_t n, ld; int64_t *slot;
     const float *kf; const double *kdb; int64_t kld, kd, N; double s2; int64_t *filled; int64_t cap; double *kn;
     const float *kt;  /* float keys transposed [kd, N]: a row is kd vectorised sweeps over the keys */
+    int64_t *len;  /* a chain: columns computed per stored row (rows grow with the boundary); NULL: whole rows */
 } gram_t;
 
 /* exp(x) for x <= 0 in float (Cephes' expf polynomial after reduction by ln 2, vectorisable, relative error
@@ -78,44 +79,105 @@ static inline float exp_neg_f(float x) {
 
 /* the RBF row of key i, exp(-max(|k_i|^2 + |k_j|^2 - 2 k_i.k_j, 0) / sigma^2) for j < N (1 at j = i), into a
    free store row; 0 on success, 1 when the store is full */
-static int compute_row(gram_t *K, int64_t i) {
-    if (*K->filled >= K->cap) return 1;
-    int64_t r = (*K->filled)++;
+/* columns [j0, j1) of key i's RBF row into row (entry (i, j) depends on i and j only: a row computed in pieces
+   equals one computed whole, bit for bit) */
+static void row_columns(const gram_t *K, int64_t i, void *row_out, int64_t j0, int64_t j1) {
     const int64_t N = K->N, kd = K->kd;
     const double inv = 1.0 / K->s2;
     if (K->kdb) {
         const double *ki = K->kdb + i * K->kld;
-        double *row = (double *)K->d + r * K->ld;
-        for (int64_t j = 0; j < N; j++) {
+        double *row = (double *)row_out;
+        for (int64_t j = j0; j < j1; j++) {
             const double *kj = K->kdb + j * K->kld;
             double dot = 0.0;
             for (int64_t t = 0; t < kd; t++) dot += ki[t] * kj[t];
             double d2 = K->kn[i] + K->kn[j] - 2.0 * dot;
             row[j] = exp(-(d2 > 0.0 ? d2 : 0.0) * inv);
         }
-        row[i] = 1.0;
+        if (i >= j0 && i < j1) row[i] = 1.0;
     } else {
         const float *ki = K->kf + i * K->kld;
-        float *row = (float *)K->f + r * K->ld;
-        memset(row, 0, (size_t)N * sizeof(float));
+        float *row = (float *)row_out;
+        memset(row + j0, 0, (size_t)(j1 - j0) * sizeof(float));
         for (int64_t t = 0; t < kd; t++) {  /* k_i . k_j for every j: one sweep per feature */
             const float a = ki[t], *kt = K->kt + t * N;
-            for (int64_t j = 0; j < N; j++) row[j] += a * kt[j];
+            for (int64_t j = j0; j < j1; j++) row[j] += a * kt[j];
         }
         const float fi = (float)inv, ni = (float)K->kn[i];
-        for (int64_t j = 0; j < N; j++) {
+        for (int64_t j = j0; j < j1; j++) {
             float d2 = ni + (float)K->kn[j] - 2.0f * row[j];
             row[j] = exp_neg_f(-(d2 > 0.0f ? d2 : 0.0f) * fi);
         }
-        row[i] = 1.0f;
+        if (i >= j0 && i < j1) row[i] = 1.0f;
     }
+}
+
+static inline void *row_ptr(const gram_t *K, int64_t r) {
+    return K->d ? (void *)((double *)K->d + r * K->ld) : (void *)((float *)K->f + r * K->ld);
+}
+
+/* the RBF row of key i, exp(-max(|k_i|^2 + |k_j|^2 - 2 k_i.k_j, 0) / sigma^2) (1 at j = i), into a free store
+   row: all N columns, or (a chain) the first n, grown later by ensure_row; 0 on success, 1 when the store is full */
+static int compute_row(gram_t *K, int64_t i) {
+    if (*K->filled >= K->cap) return 1;
+    int64_t r = (*K->filled)++;
+    const int64_t upto = K->len ? K->n : K->N;
+    row_columns(K, i, row_ptr(K, r), 0, upto);
+    if (K->len) K->len[i] = upto;
     K->slot[i] = r;
     return 0;
 }
 
-/* make row i available (computing it into a lazy store when the keys are given); 0 on success */
+/* the rows of the keys idx[0..m) (none stored yet), four at a time sharing each sweep over the transposed keys
+   (float keys; the same sums in the same order as row_columns: bit for bit its rows); 0 on success, 1 when the
+   store is full (the rows that fit are stored) */
+static int compute_rows(gram_t *K, const int64_t *idx, int64_t m) {
+    int64_t q = 0;
+    if (K->kf)
+        for (; q + 4 <= m && *K->filled + 4 <= K->cap; q += 4) {
+            const int64_t upto = K->len ? K->n : K->N, N = K->N;
+            float *r0 = (float *)row_ptr(K, *K->filled), *r1 = (float *)row_ptr(K, *K->filled + 1);
+            float *r2 = (float *)row_ptr(K, *K->filled + 2), *r3 = (float *)row_ptr(K, *K->filled + 3);
+            const float *k0 = K->kf + idx[q] * K->kld, *k1 = K->kf + idx[q + 1] * K->kld;
+            const float *k2 = K->kf + idx[q + 2] * K->kld, *k3 = K->kf + idx[q + 3] * K->kld;
+            memset(r0, 0, (size_t)upto * sizeof(float)); memset(r1, 0, (size_t)upto * sizeof(float));
+            memset(r2, 0, (size_t)upto * sizeof(float)); memset(r3, 0, (size_t)upto * sizeof(float));
+            for (int64_t t = 0; t < K->kd; t++) {
+                const float a0 = k0[t], a1 = k1[t], a2 = k2[t], a3 = k3[t], *kt = K->kt + t * N;
+                for (int64_t j = 0; j < upto; j++) {
+                    const float x = kt[j];
+                    r0[j] += a0 * x; r1[j] += a1 * x; r2[j] += a2 * x; r3[j] += a3 * x;
+                }
+            }
+            float *rows[4] = {r0, r1, r2, r3};
+            const float fi = (float)(1.0 / K->s2);
+            for (int u = 0; u < 4; u++) {
+                const int64_t i = idx[q + u];
+                float *row = rows[u]; const float ni = (float)K->kn[i];
+                for (int64_t j = 0; j < upto; j++) {
+                    float d2 = ni + (float)K->kn[j] - 2.0f * row[j];
+                    row[j] = exp_neg_f(-(d2 > 0.0f ? d2 : 0.0f) * fi);
+                }
+                if (i < upto) row[i] = 1.0f;
+                if (K->len) K->len[i] = upto;
+                K->slot[i] = (*K->filled)++;
+            }
+        }
+    for (; q < m; q++) if (compute_row(K, idx[q])) return 1;
+    return 0;
+}
+
+/* make row i available over the problem's n columns (computing it into a lazy store when the keys are
+   given, or the columns a chain's growing boundary adds); 0 on success */
 static inline int ensure_row(gram_t *K, int64_t i) {
-    if (!K->slot || K->slot[i] >= 0) return 0;
+    if (!K->slot) return 0;
+    if (K->slot[i] >= 0) {
+        if (K->len && K->len[i] < K->n) {
+            row_columns(K, i, row_ptr(K, K->slot[i]), K->len[i], K->n);
+            K->len[i] = K->n;
+        }
+        return 0;
+    }
     if (!K->kf && !K->kdb) return 1;
     return compute_row(K, i);
 }
@@ -139,9 +201,25 @@ typedef struct {
     /* the state a problem ended in (solve_one): its margin size and whether L / KE still describe its final
        partition (carry), and were computed from scratch (fresh); a chain's next boundary may start from it */
     int64_t last_ns; int last_carry, last_fresh;
-    int64_t ldL;  /* the factor's row stride: the workspace's size, fixed, so a factor carries across sizes */
+    int64_t ldL, capL;  /* the factor's row stride and row capacity: grown (the kept rows copied) as the margin
+                           grows, so a factor carries across sizes and stays compact (a stride of the problem
+                           size, a power of two, made its rows collide in the caches) */
     int64_t factorizations;  /* Cholesky factorisations from scratch since the caller last reset it */
+    int64_t *rowlen; int partial;  /* a chain on a row store: columns computed per key's row (gram_t.len) */
 } work_t;
+
+/* room for a factor of m rows, keeping the first `keep` rows of the current one; 0 on success */
+static int ensure_factor(work_t *w, int64_t m, int64_t keep) {
+    if (m <= w->capL) return 0;
+    int64_t cap = 2 * w->capL > m ? 2 * w->capL : m;
+    const int64_t ld = cap + 8;  /* off a power of two */
+    double *L = malloc((size_t)cap * (size_t)ld * sizeof(double));
+    if (!L) return 1;
+    for (int64_t i = 0; i < keep; i++) memcpy(L + i * ld, w->L + i * w->ldL, (size_t)(i + 1) * sizeof(double));
+    free(w->L);
+    w->L = L; w->ldL = ld; w->capL = cap;
+    return 0;
+}
 
 /* Cholesky factor of the margin block, lower triangle, row-major with leading dimension ld; 0 on success */
 static int chol(double *L, int64_t m, int64_t ld) {
@@ -149,11 +227,12 @@ static int chol(double *L, int64_t m, int64_t ld) {
         double *rj = L + j * ld, s = rj[j];
         for (int64_t k = 0; k < j; k++) s -= rj[k] * rj[k];
         if (!(s > 0.0)) return 1;
-        double d = sqrt(s); rj[j] = d;
+        const double d = sqrt(s), inv = 1.0 / d;  /* one division per column: the inner loop multiplies */
+        rj[j] = d;
         for (int64_t i = j + 1; i < m; i++) {
             double *ri = L + i * ld, t = ri[j];
             for (int64_t k = 0; k < j; k++) t -= ri[k] * rj[k];
-            ri[j] = t / d;
+            ri[j] = t * inv;
         }
     }
     return 0;
@@ -167,12 +246,19 @@ static void forward(const double *L, int64_t m, int64_t ld, double *x) {  /* x <
     }
 }
 
-static void chol_solve(const double *L, int64_t m, int64_t ld, double *x) {  /* x <- (L L^T)^-1 x */
-    forward(L, m, ld, x);
+/* x <- (L L^T)^-1 x and y <- (L L^T)^-1 y: both right-hand sides in one pass over L per triangle; the
+   backward triangle reads L by rows (x_k -= L_ik x_i for k < i), contiguous, not down its columns */
+static void chol_solve2(const double *L, int64_t m, int64_t ld, double *x, double *y) {
+    for (int64_t i = 0; i < m; i++) {
+        const double *ri = L + i * ld; double t = x[i], u = y[i];
+        for (int64_t k = 0; k < i; k++) { t -= ri[k] * x[k]; u -= ri[k] * y[k]; }
+        const double inv = 1.0 / ri[i];
+        x[i] = t * inv; y[i] = u * inv;
+    }
     for (int64_t i = m - 1; i >= 0; i--) {
-        double t = x[i];
-        for (int64_t k = i + 1; k < m; k++) t -= L[k * ld + i] * x[k];
-        x[i] = t / L[i * ld + i];
+        const double *ri = L + i * ld, inv = 1.0 / ri[i];
+        const double xi = (x[i] *= inv), yi = (y[i] *= inv);
+        for (int64_t k = 0; k < i; k++) { x[k] -= ri[k] * xi; y[k] -= ri[k] * yi; }
     }
 }
 
@@ -196,11 +282,11 @@ static void chol_remove(double *L, int64_t m, int64_t ld, int64_t p, double *x) 
     for (int64_t i = 0; i < R; i++) x[i] = L[(p + 1 + i) * ld + p];
     for (int64_t k = 0; k < R; k++) {
         double *rk = L + (p + 1 + k) * ld + (p + 1);
-        double a = rk[k], r = hypot(a, x[k]), c = r / a, s = x[k] / a;
+        double a = rk[k], r = hypot(a, x[k]), c = r / a, s = x[k] / a, ic = a / r;
         rk[k] = r;
         for (int64_t i = k + 1; i < R; i++) {
             double *ri = L + (p + 1 + i) * ld + (p + 1);
-            ri[k] = (ri[k] + s * x[i]) / c;
+            ri[k] = (ri[k] + s * x[i]) * ic;
             x[i] = c * x[i] - s * ri[k];
         }
     }
@@ -217,7 +303,8 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
     const int64_t n = jb->n;
     const double C = jb->C, tol = jb->tol, ridge = jb->ridge;
     gram_t K = {NULL, NULL, n, jb->ld, jb->slot ? jb->slot + p * jb->slot_stride : NULL,
-                NULL, NULL, jb->k_ld, jb->kd, jb->N, 0.0, NULL, jb->cap, w->kn};
+                NULL, NULL, jb->k_ld, jb->kd, jb->N, 0.0, NULL, jb->cap, w->kn, NULL, NULL};
+    if (w->partial && jb->keys) K.len = w->rowlen;
     if (jb->is_double) K.d = (const double *)jb->gram + p * jb->pstride;
     else K.f = (const float *)jb->gram + p * jb->pstride;
     if (jb->keys) {  /* squared norms of the keys, for the rows computed here */
@@ -255,6 +342,8 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
     }
     if (carry_from > 0) {  /* the new keys: not on the margin; K 1_E extended to their columns */
         factored = 1; fresh = w->last_fresh; ns = w->last_ns;
+        if (K.len)  /* the rows read (margin and error keys) gain the new columns */
+            for (int64_t i = 0; i < carry_from; i++) if (mar[i] || err[i]) ensure_row(&K, i);
         for (int64_t i = carry_from; i < n; i++) { w->pos[i] = -1; w->KE[i] = 0.0; }
         for (int64_t e = 0; e < carry_from; e++) {
             if (!err[e]) continue;
@@ -268,6 +357,11 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
         for (int64_t i = 0; i < n; i++) ne += err[i];
         if (!factored) {  /* margin slots in index order, K 1_E summed anew */
             ns = 0;
+            if (K.slot && (K.kf || K.kdb)) {  /* the missing rows first, computed together */
+                int64_t miss = 0;
+                for (int64_t i = 0; i < n; i++) if ((mar[i] || err[i]) && K.slot[i] < 0) w->E[miss++] = i;
+                if (compute_rows(&K, w->E, miss)) need = 1;
+            }
             for (int64_t i = 0; i < n; i++) {
                 w->pos[i] = -1;
                 if ((mar[i] || err[i]) && ensure_row(&K, i)) need = 1;
@@ -299,6 +393,7 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
         if (!known) {
             /* [[0, 1^T], [1, M]] [rho; a] = [1 - C |E|; h_S], M = 2 K_SS + ridge I, h_S = diag_S - 2 C (K 1_E)_S */
             if (!factored) {
+                if (ensure_factor(w, ns, 0)) { __atomic_store_n(&jb->failed, 1, __ATOMIC_SEQ_CST); ok = 0; break; }
                 for (int64_t a = 0; a < ns; a++) {
                     double *La = w->L + a * w->ldL;
                     for (int64_t b = 0; b <= a; b++) La[b] = 2.0 * kat(&K, w->S[a], w->S[b]);
@@ -313,8 +408,7 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
                 w->z2[a] = 1.0;
             }
             solves++;
-            chol_solve(w->L, ns, w->ldL, w->z1);
-            chol_solve(w->L, ns, w->ldL, w->z2);
+            chol_solve2(w->L, ns, w->ldL, w->z1, w->z2);
             double s1 = 0.0, s2 = 0.0;
             for (int64_t k = 0; k < ns; k++) { s1 += w->z1[k]; s2 += w->z2[k]; }
             rho = (s1 - (1.0 - C * (double)ne)) / s2;
@@ -361,8 +455,14 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
         }
         /* few moves: update the factor (O(|S|^2) each) and K 1_E instead of recomputing them */
         int update = factored && 8 * moves <= ns + 8;
-        if (K.slot)
+        if (K.slot) {
+            if (K.kf || K.kdb) {  /* the missing rows of the keys joining the margin, computed together */
+                int64_t miss = 0;
+                for (int64_t i = 0; i < n; i++) if (w->viol[i] == 1 && K.slot[i] < 0) w->E[miss++] = i;
+                if (compute_rows(&K, w->E, miss)) { need = 1; update = 0; }
+            }
             for (int64_t i = 0; i < n; i++) if (w->viol[i] == 1 && ensure_row(&K, i)) { need = 1; update = 0; }
+        }
         for (int64_t i = 0; i < n; i++) {  /* margin keys leave first */
             if (w->viol[i] < 2) continue;
             mar[i] = 0; err[i] = w->viol[i] == 3;
@@ -378,6 +478,7 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
             if (w->viol[i] != 1) continue;
             int was_error = err[i];
             err[i] = 0; mar[i] = 1;
+            if (update && ensure_factor(w, ns + 1, ns)) { __atomic_store_n(&jb->failed, 1, __ATOMIC_SEQ_CST); update = 0; }
             if (update && chol_append(w->L, ns, w->ldL, w->S, &K, i, ridge)) update = 0;
             if (update) {
                 w->S[ns] = i; w->pos[i] = ns; ns++;
@@ -402,20 +503,25 @@ static void solve_one(job_t *jb, work_t *w, int64_t p, int64_t carry_from) {
 static int work_alloc(work_t *w, int64_t n, int64_t N, int64_t kd) {  /* 0 on success */
     w->kt = malloc((size_t)(N > 0 ? N : 1) * (size_t)(kd > 0 ? kd : 1) * sizeof(float));
     w->keys_of = NULL;
-    w->L = malloc((size_t)n * (size_t)n * sizeof(double));
-    w->ldL = n; w->factorizations = 0;
+    w->capL = n < 128 ? (n > 0 ? n : 1) : 128;
+    w->ldL = w->capL + 8;
+    w->L = malloc((size_t)w->capL * (size_t)w->ldL * sizeof(double));
+    w->factorizations = 0;
     w->aS = malloc(8 * (size_t)n * sizeof(double));
     w->kn = malloc((size_t)(N > 0 ? N : 1) * sizeof(double));
     w->S = malloc(3 * (size_t)n * sizeof(int64_t));
+    w->rowlen = malloc((size_t)(N > 0 ? N : 1) * sizeof(int64_t)); w->partial = 0;
     w->viol = malloc((size_t)n);
-    if (!w->L || !w->aS || !w->kn || !w->S || !w->viol || !w->kt) return 1;
+    if (!w->L || !w->aS || !w->kn || !w->S || !w->viol || !w->kt || !w->rowlen) return 1;
     w->z1 = w->aS + n; w->z2 = w->aS + 2 * n; w->hs = w->aS + 3 * n; w->Kc = w->aS + 4 * n;
     w->KE = w->aS + 5 * n; w->diag = w->aS + 6 * n;
     w->E = w->S + n; w->pos = w->S + 2 * n;
     return 0;
 }
 
-static void work_free(work_t *w) { free(w->L); free(w->aS); free(w->kn); free(w->S); free(w->viol); free(w->kt); }
+static void work_free(work_t *w) {
+    free(w->L); free(w->aS); free(w->kn); free(w->S); free(w->viol); free(w->kt); free(w->rowlen);
+}
 
 static void *worker(void *arg) {
     job_t *jb = (job_t *)arg;
@@ -433,10 +539,17 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* fn(arg) on `threads` threads (each takes units from a shared counter): the OpenMP pool torch uses where the
+   kernel was built with OpenMP (its workers are usually spinning from torch's last operation: no thread
+   competes with them), else POSIX threads started here */
 static int run_threads(void *(*fn)(void *), void *arg, int64_t units, int64_t threads) {
     if (threads > units) threads = units;
     if (threads < 1) threads = 1;
     if (threads > 64) threads = 64;
+#ifdef _OPENMP
+    #pragma omp parallel num_threads((int)threads)
+    { fn(arg); }
+#else
     pthread_t tid[64];
     int64_t started = 0;
     for (int64_t t = 1; t < threads; t++) {
@@ -445,7 +558,16 @@ static int run_threads(void *(*fn)(void *), void *arg, int64_t units, int64_t th
     }
     fn(arg);
     for (int64_t t = 1; t <= started; t++) pthread_join(tid[t], NULL);
+#endif
     return 0;
+}
+
+int sv_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 /* A chain of boundaries s_0 < s_1 < ... of a dense Gram [G, N, N] (rows ld apart): boundary b solves the
@@ -478,6 +600,10 @@ static void *chain_worker(void *arg) {
         int64_t p = __atomic_fetch_add(&jb->next, 1, __ATOMIC_SEQ_CST);
         if (p >= jb->G) break;
         uint8_t *mar = jb->margin + p * N, *err = jb->error + p * N;
+        int64_t *slot_p = jb->keys ? jb->slot + p * jb->slot_stride : NULL;
+        /* a row store: rows computed here grow with the boundaries (rows stored before are whole) */
+        w.partial = slot_p != NULL;
+        if (slot_p) for (int64_t i = 0; i < N; i++) w.rowlen[i] = slot_p[i] >= 0 ? N : 0;
         for (int64_t b = 0; b < B; b++) {
             int64_t q = p * B + b;
             job_t sub = *jb;  /* one problem: the first s_b keys of problem p */
@@ -512,11 +638,18 @@ static void *chain_worker(void *arg) {
             sub.alpha = jb->alpha + q * N; sub.g = jb->g + q * N;
             sub.rho = jb->rho + q; sub.settled = jb->settled + q; sub.solves = jb->solves + q;
             solve_one(&sub, &w, 0, carry);
+            if (sub.failed) __atomic_store_n(&jb->failed, 1, __ATOMIC_SEQ_CST);  /* (sub is a copy) */
+            const int64_t n = ch->bounds[b];  /* past the boundary: alpha and g are 0 (the outputs come uninitialised) */
+            memset(sub.alpha + n, 0, (size_t)(N - n) * sizeof(double));
+            memset(sub.g + n, 0, (size_t)(N - n) * sizeof(double));
             memcpy(ch->margins + q * N, mar, (size_t)N);
             memcpy(ch->errors + q * N, err, (size_t)N);
             ch->factorizations[q] = w.factorizations;
             w.factorizations = 0;
         }
+        /* rows the chain left short of N columns are dropped from the store (a later reader recomputes them) */
+        if (slot_p) for (int64_t i = 0; i < N; i++) if (slot_p[i] >= 0 && w.rowlen[i] < N) slot_p[i] = -1;
+        w.partial = 0;
     }
     work_free(&w);
     free(st);
@@ -730,14 +863,15 @@ def run_active_set_chain(lib: ctypes.CDLL, gram, bounds: list[int], margin: torc
     start = None if start_alpha is None else start_alpha.to(torch.float64).contiguous()
     ones = torch.ones(N, dtype=torch.uint8)
     bounds_t = torch.tensor(bounds, dtype=torch.int64)
-    alpha = torch.zeros(G, B, N, dtype=torch.float64)
-    g = torch.zeros(G, B, N, dtype=torch.float64)
-    rho = torch.zeros(G, B, dtype=torch.float64)
-    settled = torch.zeros(G, B, dtype=torch.uint8)
-    solves = torch.zeros(G, B, dtype=torch.int64)
-    margins = torch.zeros(G, B, N, dtype=torch.uint8)
-    errors = torch.zeros(G, B, N, dtype=torch.uint8)
-    factorizations = torch.zeros(G, B, dtype=torch.int64)
+    # every entry of the outputs is written by the kernel (alpha and g zero past each boundary)
+    alpha = torch.empty(G, B, N, dtype=torch.float64)
+    g = torch.empty(G, B, N, dtype=torch.float64)
+    rho = torch.empty(G, B, dtype=torch.float64)
+    settled = torch.empty(G, B, dtype=torch.uint8)
+    solves = torch.empty(G, B, dtype=torch.int64)
+    margins = torch.empty(G, B, N, dtype=torch.uint8)
+    errors = torch.empty(G, B, N, dtype=torch.uint8)
+    factorizations = torch.empty(G, B, dtype=torch.int64)
     failed = lib.sv_active_set_chain(buf.data_ptr(), int(buf.dtype == torch.float64), G, N, buf.stride(0),
                                      buf.stride(1), *lazy_args, B, bounds_t.data_ptr(), ones.data_ptr(),
                                      work["margin"].data_ptr(), work["error"].data_ptr(), float(C), int(steps),
@@ -749,5 +883,6 @@ def run_active_set_chain(lib: ctypes.CDLL, gram, bounds: list[int], margin: torc
         raise MemoryError("sv_active_set_chain: the kernel could not allocate its workspace")
     if lazy:
         parent.rows_computed += int((parent.filled - filled_before).sum())
+    # (the kernel writes 0 / 1 bytes: read as bool in place)
     return {"alpha": alpha, "g": g, "rho": rho, "settled": settled.bool(), "solves": solves,
-            "margin": margins.bool(), "error": errors.bool(), "factorizations": factorizations}
+            "margin": margins.view(torch.bool), "error": errors.view(torch.bool), "factorizations": factorizations}

@@ -264,13 +264,18 @@ def kkt_violation(alpha: torch.Tensor, g: torch.Tensor, mask: torch.Tensor, marg
     checked (the bordered solve that produced ``alpha`` imposes it, up to its ridge). The sum is: with an
     empty margin set the bordered system has no equation left for it, and a partition with
     ``|E| C != 1`` would otherwise pass as an optimum (seen on clustered keys: four keys at C = 1/3)."""
+    # Each term is a maximum over a set of keys of a monotone function of one quantity, so it is that function
+    # of the set's extreme value (bitwise the same as taking it key by key); an empty set gives -inf -> 0.
     reserve = mask & ~margin & ~error
-    Cc = _c_column(C)
-    box = torch.where(margin, torch.maximum(-alpha, alpha - Cc).clamp_min(0.0) / Cc, torch.zeros_like(alpha))
-    gR = torch.where(reserve, (-g).clamp_min(0.0), torch.zeros_like(g))
-    gE = torch.where(error, g.clamp_min(0.0), torch.zeros_like(g))
+    inf = torch.tensor(float("inf"), dtype=alpha.dtype, device=alpha.device)
+    Cv = C.to(alpha.dtype)
+    a_min = torch.where(margin, alpha, inf).amin(-1)
+    a_max = torch.where(margin, alpha, -inf).amax(-1)
+    box = torch.maximum(-a_min, a_max - Cv) / Cv  # max over S of max(-alpha, alpha - C) / C
+    g_r = -torch.where(reserve, g, inf).amin(-1)  # max over R of -g
+    g_e = torch.where(error, g, -inf).amax(-1)  # max over E of g
     total = (torch.where(mask, alpha, torch.zeros_like(alpha)).sum(-1) - 1.0).abs()
-    return torch.stack([box.amax(-1), gR.amax(-1), gE.amax(-1), total], dim=0).amax(0)
+    return torch.stack([box, g_r, g_e, total], dim=0).amax(0).clamp_min(0.0)
 
 
 @dataclass

@@ -503,7 +503,8 @@ def fit_chain(gram: torch.Tensor, bounds: list[int], init: torch.Tensor | None, 
                               r["margin"].reshape(G * B, N), r["error"].reshape(G * B, N),
                               torch.full((G * B,), float(C), dtype=dt, device=dev)).view(G, B)
     ok = r["settled"] & (violation <= SETTLED_FACTOR * tol)
-    fitted = [alpha[:, b, :s].clamp_min(0.0) for b, s in enumerate(bounds)]
+    clamped = alpha.clamp_min(0.0)  # one pass; each boundary's gate is a view
+    fitted = [clamped[:, b, :s] for b, s in enumerate(bounds)]
     for b, s in enumerate(bounds):
         if bool(ok[:, b].all()):
             continue
@@ -519,4 +520,20 @@ def fit_chain(gram: torch.Tensor, bounds: list[int], init: torch.Tensor | None, 
             for j, a in enumerate(rest):
                 fitted[b + 1 + j] = fitted[b + 1 + j].index_copy(0, bad, a)
             ok[bad, b + 1:] = True
+    for b, s in enumerate(bounds):  # refitted gates back into the one [G, B, N] tensor (see stacked_gates)
+        if fitted[b]._base is not clamped:
+            clamped[:, b, :s] = fitted[b]
+            fitted[b] = clamped[:, b, :s]
     return fitted
+
+
+def stacked_gates(fitted: list[torch.Tensor], N: int) -> torch.Tensor:
+    """The gates of a chain, ``fitted[b] [G, s_b]``, as one ``[G, B, N]`` tensor zero past each boundary:
+    the tensor :func:`fit_chain`'s gates are views of (no copy), or a padded stack of other gates."""
+    base = fitted[0]._base if fitted else None
+    B = len(fitted)
+    if base is not None and base.dim() == 3 and base.shape[1:] == (B, N) and all(
+            a._base is base and a.storage_offset() == base.storage_offset() + b * N and a.stride() == (B * N, 1)
+            for b, a in enumerate(fitted)):
+        return base
+    return torch.stack([torch.nn.functional.pad(a, (0, N - a.shape[1])) for a in fitted], 1)
