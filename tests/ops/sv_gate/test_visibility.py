@@ -33,7 +33,9 @@ def _masks() -> dict[str, torch.Tensor]:
     causal16 = torch.ones(16, 16, dtype=torch.bool).tril().expand(2, 16, 16).contiguous()  # compared as words
     edited16 = causal16.clone()
     edited16[1, 9, 3] = False
-    return {"causal": causal, "causal16": causal16, "edited16": edited16, "padded": padded.clone(), "window": window.clone(),
+    shifted = torch.zeros(3 + 2 * 16 * 16, dtype=torch.bool)[3:].view(2, 16, 16)  # contiguous, odd offset
+    shifted.copy_(causal16)
+    return {"causal": causal, "causal16": causal16, "edited16": edited16, "shifted16": shifted, "padded": padded.clone(), "window": window.clone(),
             "random": torch.rand(b, 5, 7, generator=gen) < 0.4, "all": torch.ones(b, 4, 6, dtype=torch.bool),
             "decode": torch.ones(b, 1, 6, dtype=torch.bool)}
 
