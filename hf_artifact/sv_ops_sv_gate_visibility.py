@@ -14,6 +14,7 @@ are read afresh every time.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 
@@ -44,18 +45,12 @@ class VisibilitySummary:
 
 _MEMO: dict[int, tuple[weakref.ref, int, tuple, VisibilitySummary]] = {}
 _MEMO_MAX = 16
-_CAUSAL: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
+@functools.lru_cache(maxsize=16)
 def causal_visibility(n: int, device: torch.device) -> torch.Tensor:
     """The ``[1, n, n]`` lower-triangular visibility (kept per size and device)."""
-    key = (n, device)
-    t = _CAUSAL.get(key)
-    if t is None:
-        if len(_CAUSAL) > 16:
-            _CAUSAL.clear()
-        t = _CAUSAL[key] = torch.ones(n, n, dtype=torch.bool, device=device).tril()[None]
-    return t
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()[None]
 
 
 def _memo_key(visible: torch.Tensor) -> tuple[torch.Tensor, int, tuple] | None:

@@ -6,6 +6,8 @@ DESIGN §2.1. All functions accept float32 or float64 torch tensors and keep the
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from sv_attention.errors import InvalidHyperparameterError, InvalidInputError
@@ -70,18 +72,10 @@ def rbf_gram(a: torch.Tensor, b: torch.Tensor | None = None, sigma: float | torc
     return torch.exp(-d2 / s2)
 
 
-_UPPER_PAIRS: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-
+@functools.lru_cache(maxsize=16)
 def _upper_pairs(n: int, device: torch.device) -> torch.Tensor:
     """``torch.triu_indices(n, n, 1)`` (kept per size and device: every gate call of a layer asks for it)."""
-    key = (n, device)
-    t = _UPPER_PAIRS.get(key)
-    if t is None:
-        if len(_UPPER_PAIRS) > 16:
-            _UPPER_PAIRS.clear()
-        t = _UPPER_PAIRS[key] = torch.triu_indices(n, n, offset=1, device=device)
-    return t
+    return torch.triu_indices(n, n, offset=1, device=device)
 
 
 def median_bandwidth(keys: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

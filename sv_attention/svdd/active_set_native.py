@@ -24,7 +24,7 @@ import ctypes
 
 import torch
 
-from sv_attention.svdd.native_build import load_kernel
+from sv_attention.svdd.native_build import C_EXP_NEG_F, C_OPENMP_PROBE, load_kernel
 from sv_attention.threads import outer_threads
 
 NAME = "sv_active_set"
@@ -60,21 +60,7 @@ typedef struct {
     int64_t *len;  /* a chain: columns computed per stored row (rows grow with the boundary); NULL: whole rows */
 } gram_t;
 
-/* exp(x) for x <= 0 in float (Cephes' expf polynomial after reduction by ln 2, vectorisable, relative error
-   ~1e-7 like float32's own rounding); x below -87 gives ~1e-38 */
-static inline float exp_neg_f(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union { int32_t i; float f; } u;
-    u.i = ((int32_t)n + 127) << 23;
-    return p * u.f;
-}
-
+""" + C_EXP_NEG_F + r"""
 /* the RBF row of key i, exp(-max(|k_i|^2 + |k_j|^2 - 2 k_i.k_j, 0) / sigma^2) for j < N (1 at j = i), into a
    free store row; 0 on success, 1 when the store is full */
 /* columns [j0, j1) of key i's RBF row into row (entry (i, j) depends on i and j only: a row computed in pieces
@@ -560,14 +546,7 @@ static int run_threads(void *(*fn)(void *), void *arg, int64_t units, int64_t th
     return 0;
 }
 
-int sv_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
-
+""" + C_OPENMP_PROBE + r"""
 /* A chain of boundaries s_0 < s_1 < ... of a dense Gram [G, N, N] (rows ld apart): boundary b solves the
    problem of the first s_b keys, started from boundary b - 1's gate (its partition, the new keys in reserve,
    the gate as the known start; boundary 0: the given partition and start). */

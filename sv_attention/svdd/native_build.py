@@ -27,6 +27,33 @@ from pathlib import Path
 #: compiler flags (the kernels are plain C99 with pthreads; -ffast-math is never used: NaN checks matter)
 CFLAGS = ("-O3", "-march=native", "-std=c99", "-fPIC", "-shared", "-pthread", "-fno-math-errno", "-fno-trapping-math",
           "-fno-signed-zeros", "-fassociative-math")
+#: C99 fragments shared by the kernels (one copy of each rule): a vectorisable float ``exp`` of non-positive
+#: arguments (needs ``<math.h>``, ``<stdint.h>``), and ``sv_openmp()`` telling :func:`uses_openmp` how it was built
+C_EXP_NEG_F = r"""
+/* exp(x) for x <= 0 in float (Cephes' expf polynomial after reduction by ln 2, vectorisable, relative error
+   ~1e-7 like float32's own rounding); x below -87 gives ~1e-38 */
+static inline float exp_neg_f(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } u;
+    u.i = ((int32_t)n + 127) << 23;
+    return p * u.f;
+}
+"""
+C_OPENMP_PROBE = r"""
+int sv_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+"""
 #: added when the compiler takes them: a kernel's parallel region then runs on the OpenMP thread pool torch
 #: itself uses (the same ``libgomp`` loaded once in the process), whose workers are usually still spinning from
 #: torch's last parallel operation -- threads of the kernel's own would compete with them for the cores (measured:

@@ -21,7 +21,7 @@ import ctypes
 
 import torch
 
-from sv_attention.svdd.native_build import load_kernel, uses_openmp
+from sv_attention.svdd.native_build import C_EXP_NEG_F, C_OPENMP_PROBE, load_kernel, uses_openmp
 from sv_attention.threads import outer_threads
 
 NAME = "sv_ceq_row"
@@ -43,32 +43,12 @@ SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 
-int sv_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
-
+""" + C_OPENMP_PROBE + r"""
 #define BLOCK """ + str(BLOCK) + r"""
 #define MAXDV """ + str(MAX_VALUE_DIM) + r"""
 #define MAXR 64
 
-/* exp(x) for x <= 0 in float (Cephes' expf polynomial after reduction by ln 2, vectorisable, relative error
-   ~1e-7 like float32's own rounding); x below -87 gives ~1e-38 */
-static inline float exp_neg_f(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union { int32_t i; float f; } u;
-    u.i = ((int32_t)n + 127) << 23;
-    return p * u.f;
-}
+""" + C_EXP_NEG_F + r"""
 static inline double exp_neg_d(double x) { return exp(x); }
 
 typedef struct {
